@@ -1,0 +1,48 @@
+# kv-sidecar developer commands. Every target sets up what it needs on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: all setup demo test test-fast lint typecheck format clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## setup: create .venv with kv-sidecar and its development tools
+setup: $(STAMP)
+
+## demo: the main job, the seeds' headline case (Qwen2.5-7B, RTX 4090, 4 x 32K), then Llama-3.1-8B
+demo: setup
+	$(BIN)/kv-sidecar plan --model qwen2.5-7b --gpu rtx4090 --max-model-len 32768 --concurrency 4
+	@echo
+	$(BIN)/kv-sidecar plan --model llama-3.1-8b --gpu rtx4090 --max-model-len 32768 --concurrency 4
+
+## lint: ruff
+lint: setup
+	$(BIN)/ruff check sidecar tests bench
+	$(BIN)/ruff format --check sidecar tests bench
+
+## typecheck: mypy --strict
+typecheck: setup
+	$(BIN)/mypy --strict sidecar
+
+## test-fast: unit tests only
+test-fast: setup
+	$(BIN)/pytest -q tests/unit
+
+## test: everything CI runs: lint, types, all test tiers
+test: lint typecheck
+	$(BIN)/pytest -q
+
+format: setup
+	$(BIN)/ruff format sidecar tests bench
+	$(BIN)/ruff check --fix sidecar tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

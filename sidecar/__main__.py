@@ -1,0 +1,5 @@
+"""Allow ``python -m sidecar``."""
+
+from sidecar.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Alternatives that make a deployment fit: the seeds' "three directions", computed.
+
+Starting from a request that is ``tight`` or ``does-not-fit``, :func:`advise` tries, each on its
+own and in the seeds' combinations: an FP8 KV cache, INT8 or INT4 weights, both, fewer
+concurrent full-length sequences (the most that fit) and a shorter context (the longest multiple
+of 1024 tokens that fits). It returns only the alternatives whose verdict is ``fits``, each with
+the settings it changes and its own totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from sidecar.budget.dtypes import kv_bytes_per_element, weight_bytes_per_param
+from sidecar.budget.ledger import Ledger, PlanRequest, Verdict, build_ledger
+
+_CONTEXT_STEP: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One alternative: what it changes (flag name to value) and the ledger it leads to."""
+
+    description: str
+    changes: dict[str, str | int]
+    ledger: Ledger
+
+
+def _largest_fitting(values: range, make: Callable[[int], PlanRequest]) -> PlanRequest | None:
+    """``make(v)`` for the largest ``v`` in ``values`` whose plan fits, or ``None``."""
+    best: PlanRequest | None = None
+    low, high = 0, len(values) - 1
+    while low <= high:  # verdicts are monotonic in concurrency and context length
+        mid = (low + high) // 2
+        candidate = make(values[mid])
+        if build_ledger(candidate).verdict is Verdict.FITS:
+            best, low = candidate, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def advise(request: PlanRequest) -> list[Option]:
+    """Alternatives to ``request`` that fit, best-known remedies first; empty when it already fits."""
+    if build_ledger(request).verdict is Verdict.FITS:
+        return []
+    model_dtype = request.architecture.dtype
+    kv_is_wide = kv_bytes_per_element(request.kv_cache_dtype, model_dtype) > 1
+    weight_bytes = weight_bytes_per_param(request.effective_weight_dtype)
+    candidates: list[tuple[str, dict[str, str | int]]] = []
+    if kv_is_wide:
+        candidates.append(("FP8 KV cache", {"kv_cache_dtype": "fp8"}))
+    for dtype in ("int8", "int4"):
+        if weight_bytes > weight_bytes_per_param(dtype):
+            candidates.append((f"{dtype.upper()} weights", {"weight_dtype": dtype}))
+            if kv_is_wide:
+                candidates.append(
+                    (
+                        f"{dtype.upper()} weights and FP8 KV cache",
+                        {"weight_dtype": dtype, "kv_cache_dtype": "fp8"},
+                    )
+                )
+    options: list[Option] = []
+    for description, changes in candidates:
+        ledger = build_ledger(replace(request, **changes))  # type: ignore[arg-type]
+        if ledger.verdict is Verdict.FITS:
+            options.append(Option(description, changes, ledger))
+    if request.concurrency > 1:
+        fewer = _largest_fitting(range(1, request.concurrency), lambda n: replace(request, concurrency=n))
+        if fewer is not None:
+            options.append(
+                Option("fewer concurrent sequences", {"concurrency": fewer.concurrency}, build_ledger(fewer))
+            )
+    length = request.effective_max_model_len
+    if length > _CONTEXT_STEP:
+        shorter = _largest_fitting(
+            range(_CONTEXT_STEP, length, _CONTEXT_STEP), lambda n: replace(request, max_model_len=n)
+        )
+        if shorter is not None and shorter.max_model_len is not None:
+            options.append(
+                Option("shorter context", {"max_model_len": shorter.max_model_len}, build_ledger(shorter))
+            )
+    return options

@@ -1,0 +1,279 @@
+"""A model's shape, read from a Hugging Face ``config.json``: everything the KV arithmetic needs.
+
+:func:`architecture_from_config` is pure (a dict in, an :class:`Architecture` out);
+:func:`load_architecture` reads a ``config.json`` file or a model directory, and in a directory
+also reads the exact parameter count from the safetensors files when they are there
+(see :mod:`sidecar.budget.safetensors`).
+
+Field fallbacks follow vLLM: KV heads are the first present of ``n_head_kv``, ``num_kv_heads``,
+``num_key_value_heads`` and ``multi_query_group_num``, else the attention heads; the head size is
+``head_dim``, else ``hidden_size_per_head``, else ``hidden_size // num_attention_heads``.
+Multimodal configs keep the language model under ``text_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from sidecar.budget.dtypes import normalise_dtype, serving_dtype
+from sidecar.budget.safetensors import measured_parameter_count
+from sidecar.errors import ConfigError
+
+_QWEN_WINDOW_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+_GEMMA3_TYPES = frozenset({"gemma3", "gemma3_text"})
+_DEFAULT_GEMMA3_PATTERN = 6
+
+
+class LayerKind(StrEnum):
+    """How one decoder layer holds KV: all tokens, a sliding window of them, or none."""
+
+    FULL = "full"
+    SLIDING = "sliding"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): the cache holds one compressed latent per token."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+
+    @property
+    def latent_size(self) -> int:
+        """Elements cached per token per layer: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Mixture-of-experts feed-forward layers."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    dense_layers: int = 0  # leading layers with an ordinary MLP (DeepSeek's first_k_dense_replace)
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """The parts of a model's configuration that decide its memory footprint."""
+
+    model_type: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    dtype: str
+    layer_kinds: tuple[LayerKind, ...]
+    sliding_window: int | None = None
+    max_position_embeddings: int | None = None
+    attention_bias: bool = False
+    qk_norm: bool = False
+    mla: MlaSpec | None = None
+    moe: MoeSpec | None = None
+    quantization: str | None = None
+    parameter_count: int | None = None
+    parameter_source: str = "computed from config.json"
+
+    def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
+        """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
+        if self.mla is not None:
+            return 1
+        return max(1, self.num_kv_heads // tensor_parallel_size)
+
+    def kv_elements_per_token_per_layer(self, tensor_parallel_size: int) -> int:
+        """Cached elements one token adds to one attention layer on one GPU (K and V, or the MLA latent)."""
+        if self.mla is not None:
+            return self.mla.latent_size
+        return 2 * self.kv_heads_per_gpu(tensor_parallel_size) * self.head_dim
+
+    @property
+    def weight_dtype(self) -> str:
+        """The dtype the weights are served in: the checkpoint's quantisation, else its serving dtype."""
+        return self.quantization or serving_dtype(self.dtype)
+
+    def with_parameter_count(self, count: int, source: str) -> Architecture:
+        """A copy whose parameter count was measured (safetensors) rather than computed."""
+        return replace(self, parameter_count=count, parameter_source=source)
+
+
+def _first_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+                raise ConfigError(f"config.json field {key!r} must be a whole number, got {value!r}")
+            return int(value)
+    return None
+
+
+def _required_int(cfg: Mapping[str, Any], *keys: str) -> int:
+    value = _first_int(cfg, *keys)
+    if value is None or value <= 0:
+        raise ConfigError(
+            f"config.json lacks a positive {' or '.join(repr(k) for k in keys)}: is it a decoder LLM?"
+        )
+    return value
+
+
+def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
+    cfg: Mapping[str, Any], model_type: str, num_layers: int
+) -> tuple[LayerKind, ...]:
+    window = _first_int(cfg, "sliding_window")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == num_layers:
+        kinds = {"full_attention": LayerKind.FULL, "sliding_attention": LayerKind.SLIDING}
+        return tuple(kinds.get(str(t), LayerKind.FULL) for t in layer_types)
+    if window is None:
+        return (LayerKind.FULL,) * num_layers
+    if model_type in _QWEN_WINDOW_TYPES:
+        if not cfg.get("use_sliding_window", False):
+            return (LayerKind.FULL,) * num_layers
+        first_windowed = _first_int(cfg, "max_window_layers") or 0
+        return tuple(LayerKind.SLIDING if i >= first_windowed else LayerKind.FULL for i in range(num_layers))
+    if model_type == "gemma2":  # even layers local, odd layers global
+        return tuple(LayerKind.SLIDING if (i + 1) % 2 else LayerKind.FULL for i in range(num_layers))
+    if model_type in _GEMMA3_TYPES:
+        pattern = _first_int(cfg, "sliding_window_pattern") or _DEFAULT_GEMMA3_PATTERN
+        return tuple(LayerKind.SLIDING if (i + 1) % pattern else LayerKind.FULL for i in range(num_layers))
+    return (LayerKind.SLIDING,) * num_layers  # Mistral v0.1, Mixtral, Starcoder2: every layer windowed
+
+
+def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
+    rank = _first_int(cfg, "kv_lora_rank")
+    if rank is None:
+        return None
+    return MlaSpec(
+        kv_lora_rank=rank,
+        qk_rope_head_dim=_required_int(cfg, "qk_rope_head_dim"),
+        qk_nope_head_dim=_required_int(cfg, "qk_nope_head_dim"),
+        v_head_dim=_required_int(cfg, "v_head_dim"),
+        q_lora_rank=_first_int(cfg, "q_lora_rank"),
+    )
+
+
+def _moe(cfg: Mapping[str, Any], intermediate_size: int) -> MoeSpec | None:
+    experts = _first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    if not experts or experts <= 1:
+        return None
+    expert_size = _first_int(cfg, "moe_intermediate_size") or intermediate_size
+    shared = _first_int(cfg, "n_shared_experts") or 0
+    shared_size = shared * expert_size
+    if (qwen_shared := _first_int(cfg, "shared_expert_intermediate_size")) is not None:
+        shared, shared_size = 1, qwen_shared
+    return MoeSpec(
+        num_experts=experts,
+        experts_per_token=_first_int(cfg, "num_experts_per_tok", "moe_topk") or 1,
+        expert_intermediate_size=expert_size,
+        shared_experts=shared,
+        shared_intermediate_size=shared_size,
+        dense_layers=_first_int(cfg, "first_k_dense_replace") or 0,
+    )
+
+
+def _quantization(cfg: Mapping[str, Any]) -> str | None:
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    bits = quant.get("bits", quant.get("w_bit"))
+    if method in {"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin"}:
+        return "int8" if bits == 8 else "int4"
+    if method in {"fp8", "fbgemm_fp8", "modelopt"}:
+        return "fp8"
+    if method == "bitsandbytes":
+        return "int4" if quant.get("load_in_4bit") else "int8"
+    return None
+
+
+def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
+    """Build an :class:`Architecture` from the parsed contents of a ``config.json``."""
+    if not isinstance(config, Mapping):
+        raise ConfigError("config.json must hold a JSON object")
+    top = config
+    text = config.get("text_config")
+    cfg: Mapping[str, Any] = {**top, **text} if isinstance(text, Mapping) else top
+    model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
+    num_layers = _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _required_int(cfg, "num_attention_heads", "n_head")
+    hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
+    kv_heads = (
+        _first_int(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num") or heads
+    )
+    head_dim = _first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
+    intermediate = _first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    if kv_heads <= 0 or head_dim <= 0:
+        raise ConfigError("config.json gives a non-positive KV head count or head size")
+    dtype = normalise_dtype(
+        str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or "bf16")
+    )
+    tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type.startswith("gemma")))
+    return Architecture(
+        model_type=model_type,
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=_required_int(cfg, "vocab_size", "padded_vocab_size"),
+        tie_word_embeddings=bool(tie),
+        dtype=dtype,
+        layer_kinds=_layer_kinds(cfg, model_type, num_layers),
+        sliding_window=_first_int(cfg, "sliding_window"),
+        max_position_embeddings=_first_int(cfg, "max_position_embeddings", "n_positions", "seq_length"),
+        attention_bias=bool(cfg.get("attention_bias", model_type in {"qwen2", "qwen2_moe"})),
+        qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"},
+        mla=_mla(cfg),
+        moe=_moe(cfg, intermediate),
+        quantization=_quantization(top),
+    )
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read and decode one ``config.json``, turning every failure into a one-line :class:`ConfigError`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text: point --model at a config.json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def load_architecture(path: Path) -> Architecture:
+    """Load the architecture from a ``config.json`` file or a model directory that holds one."""
+    config_path = path / "config.json" if path.is_dir() else path
+    if path.is_dir() and not config_path.is_file():
+        raise ConfigError(
+            f"{path} has no config.json: point --model at a model directory or a config.json file"
+        )
+    arch = architecture_from_config(read_config_file(config_path))
+    if path.is_dir():
+        measured = measured_parameter_count(path, arch.dtype)
+        if measured is not None:
+            arch = arch.with_parameter_count(*measured)
+    return arch

@@ -1,0 +1,144 @@
+"""Embedded, offline catalogs: known models (their public ``config.json``) and known GPUs.
+
+Model ids are the lower-case model name without organisation and without an ``-Instruct``
+suffix (``qwen2.5-7b``); the full Hugging Face id (``Qwen/Qwen2.5-7B-Instruct``) resolves too.
+Each model's ``config.json`` is stored under ``models/`` exactly as published (Gemma 3's
+text defaults written out). :func:`resolve_model` also accepts a model directory or a
+``config.json`` path, which is how users plan models the catalog does not know.
+
+GPU sizes are the totals the driver reports (``nvidia-smi``'s "MiB" total, the figure vLLM
+sees as total memory), which are a little below the marketing capacity on some cards.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+from sidecar.budget.architecture import Architecture, architecture_from_config, load_architecture
+from sidecar.errors import ConfigError, UnknownGpuError, UnknownModelError
+from sidecar.units import MIB
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogModel:
+    """One catalog entry: its id, the Hugging Face repository and the published parameter count."""
+
+    id: str
+    hf_id: str
+    published_parameters: float  # as the model card states it, in parameters
+
+
+MODELS: Final[tuple[CatalogModel, ...]] = (
+    CatalogModel("llama-2-7b", "meta-llama/Llama-2-7b-hf", 6.74e9),
+    CatalogModel("llama-2-13b", "meta-llama/Llama-2-13b-hf", 13.0e9),
+    CatalogModel("llama-3-8b", "meta-llama/Meta-Llama-3-8B-Instruct", 8.03e9),
+    CatalogModel("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 8.03e9),
+    CatalogModel("llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 70.6e9),
+    CatalogModel("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", 7.25e9),
+    CatalogModel("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7e9),
+    CatalogModel("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", 0.49e9),
+    CatalogModel("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", 1.54e9),
+    CatalogModel("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", 3.09e9),
+    CatalogModel("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7.61e9),
+    CatalogModel("qwen2.5-14b", "Qwen/Qwen2.5-14B-Instruct", 14.7e9),
+    CatalogModel("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 32.5e9),
+    CatalogModel("qwen3-8b", "Qwen/Qwen3-8B", 8.2e9),
+    CatalogModel("gemma-2-9b", "google/gemma-2-9b-it", 9.24e9),
+    CatalogModel("gemma-3-4b", "google/gemma-3-4b-it", 3.88e9),  # language model only (4.3B with vision)
+    CatalogModel("deepseek-v3", "deepseek-ai/DeepSeek-V3", 671e9),
+)
+"""Every model the catalog knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU model and the memory its driver reports as total."""
+
+    id: str
+    name: str
+    memory_bytes: int
+
+
+GPUS: Final[tuple[Gpu, ...]] = (
+    Gpu("rtx3090", "NVIDIA GeForce RTX 3090", 24576 * MIB),
+    Gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24564 * MIB),
+    Gpu("l4", "NVIDIA L4", 23034 * MIB),
+    Gpu("a10", "NVIDIA A10", 23028 * MIB),
+    Gpu("l40s", "NVIDIA L40S", 46068 * MIB),
+    Gpu("rtx-a6000", "NVIDIA RTX A6000", 49140 * MIB),
+    Gpu("a100-40gb", "NVIDIA A100 40GB", 40960 * MIB),
+    Gpu("a100-80gb", "NVIDIA A100 80GB", 81920 * MIB),
+    Gpu("h100", "NVIDIA H100 80GB", 81559 * MIB),
+    Gpu("h200", "NVIDIA H200", 143771 * MIB),
+)
+"""Every GPU the catalog knows."""
+
+_GPU_ALIASES: Final[dict[str, str]] = {
+    "3090": "rtx3090",
+    "4090": "rtx4090",
+    "a6000": "rtx-a6000",
+    "rtxa6000": "rtx-a6000",
+    "a100": "a100-80gb",
+    "a100-40g": "a100-40gb",
+    "a100-80g": "a100-80gb",
+    "h100-80gb": "h100",
+    "h100-sxm": "h100",
+}
+
+
+def _model_key(text: str) -> str:
+    name = text.strip().rsplit("/", 1)[-1].lower()
+    for suffix in ("-instruct", "-it", "-chat", "-hf"):
+        name = name.removesuffix(suffix)
+    return name.removeprefix("meta-")
+
+
+def _catalog_config(model_id: str) -> dict[str, object]:
+    data = (
+        resources.files("sidecar.budget").joinpath("models", f"{model_id}.json").read_text(encoding="utf-8")
+    )
+    parsed: dict[str, object] = json.loads(data)
+    return parsed
+
+
+def find_catalog_model(text: str) -> CatalogModel | None:
+    """The catalog entry a catalog id or Hugging Face id names, or ``None``."""
+    key = _model_key(text)
+    for model in MODELS:
+        if key in {model.id, _model_key(model.hf_id)} or text.strip().lower() == model.hf_id.lower():
+            return model
+    return None
+
+
+def resolve_model(text: str) -> Architecture:
+    """The architecture ``--model`` names: a catalog id, a Hugging Face id, a directory or a config.json."""
+    path = Path(text).expanduser()
+    if path.exists():
+        return load_architecture(path)
+    model = find_catalog_model(text)
+    if model is None:
+        if "/" in text and not text.startswith(("/", ".")) and text.count("/") == 1:
+            hint = "download its config.json and pass that path"
+        else:
+            hint = "no such file or directory either"
+        known = ", ".join(m.id for m in MODELS)
+        raise UnknownModelError(f"unknown model {text!r} ({hint}); catalog ids: {known}")
+    try:
+        return architecture_from_config(_catalog_config(model.id))
+    except (OSError, ValueError) as exc:  # pragma: no cover - the package is broken
+        raise ConfigError(f"catalog entry {model.id} is unreadable: {exc}") from None
+
+
+def resolve_gpu(text: str) -> Gpu:
+    """The catalog GPU ``--gpu`` names (``rtx4090``, ``RTX 4090``, ``a100-80gb``, ``h100`` ...)."""
+    key = text.strip().lower().replace(" ", "").replace("_", "-").removeprefix("nvidia")
+    key = _GPU_ALIASES.get(key, key)
+    for gpu in GPUS:
+        if key in {gpu.id, gpu.id.replace("-", "")}:
+            return gpu
+    known = ", ".join(g.id for g in GPUS)
+    raise UnknownGpuError(f"unknown GPU {text!r}: use one of {known}, or give --gpu-memory such as 24GiB")

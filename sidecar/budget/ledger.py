@@ -1,0 +1,277 @@
+"""The memory ledger of one deployment, two ways: the seeds' arithmetic and vLLM's own view.
+
+**The seeds' ledger** (what a person budgets on paper): ``weights + KV + activation + overhead``
+against the GPU's memory, where KV is ``concurrency`` sequences of ``max_model_len`` tokens
+each, and one token costs ``2 x layers x KV heads x head size x KV bytes`` (MLA: one latent of
+``kv_lora_rank + qk_rope_head_dim`` per layer, no factor 2). Sliding-window layers hold at most
+``window`` tokens of a sequence. Activation and framework overhead default to the seeds'
+0.5 GiB and 1.5 GiB.
+
+**vLLM's view** (what the engine will log at start-up): vLLM requests
+``ceil(gpu_memory x gpu_memory_utilization)``, subtracts weights, the activation peak and
+non-torch memory, and turns the rest into a pool of whole blocks (``block_size`` tokens of every
+layer). The pool in tokens and the "Maximum concurrency for N tokens per request" figure follow
+from it; a sliding-window layer needs at most ``cdiv(min(window - 1 + max_num_batched_tokens,
+max_model_len), block) + 1`` blocks per request.
+
+**Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
+latent is replicated). Memory figures are per GPU; token counts are per engine.
+
+**Activation** (``activation_bytes``): without ``max_num_batched_tokens`` the seeds' 0.5 GiB.
+With it, the estimate is the largest set of tensors alive at once in one decoder layer while a
+batch of ``T = max_num_batched_tokens`` tokens goes through it, plus the sampler's logits:
+``T x (4 x hidden + 3 x intermediate / tp) x 2 bytes + max_num_seqs x vocab x 4 bytes``.
+In the MLP, the gate/up output (2 x intermediate) and the activated product (1 x intermediate)
+live together; around them the residual stream, its normed copy, the attention output and the
+MLP output take one hidden-size row each. Activations are bf16/fp16 whatever the weights are;
+logits are fp32 and only computed for the last token of each sequence. For MoE layers the
+intermediate size is that of the experts a token visits. It is an estimate of the profiled peak
+(±50%); pass ``activation_bytes`` explicitly to use a measured figure.
+
+**Verdict**: ``does-not-fit`` when the total exceeds GPU memory or vLLM could not fit one
+full-length request (it refuses to start); ``tight`` when it fits on paper with under 10%
+headroom ("纸面能过、实测悬") or vLLM's maximum concurrency is below the target; else ``fits``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from sidecar.budget.architecture import Architecture, LayerKind
+from sidecar.budget.dtypes import KV_DTYPES, kv_bytes_per_element, normalise_dtype, weight_bytes_per_param
+from sidecar.budget.parameters import parameter_count
+from sidecar.errors import UsageError
+from sidecar.units import GIB, MIB
+
+DEFAULT_ACTIVATION_BYTES: Final = GIB // 2
+"""The seeds' activation and temporary-buffer allowance (激活与临时缓冲 ~0.5 GiB)."""
+DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
+"""The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
+DEFAULT_NON_TORCH_BYTES: Final = 512 * MIB
+"""Memory vLLM measures outside PyTorch's allocator on one GPU (CUDA context, NCCL, cuBLAS)."""
+DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9
+"""vLLM's default ``--gpu-memory-utilization``."""
+DEFAULT_BLOCK_SIZE: Final = 16
+"""vLLM's default KV block size on GPUs, in tokens."""
+DEFAULT_MAX_NUM_SEQS: Final = 256
+"""vLLM's default ``--max-num-seqs``."""
+DEFAULT_MAX_NUM_BATCHED_TOKENS: Final = 8192
+"""vLLM's default prefill chunk for online serving; used only for sliding-window block counts."""
+TIGHT_HEADROOM_FRACTION: Final = 0.10
+"""Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
+ACTIVATION_ELEMENT_BYTES: Final = 2
+LOGIT_ELEMENT_BYTES: Final = 4
+
+
+class Verdict(StrEnum):
+    """Whether the target deployment fits the GPU."""
+
+    FITS = "fits"
+    TIGHT = "tight"
+    DOES_NOT_FIT = "does-not-fit"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """Everything the ledger depends on; ``None`` means "vLLM's default" or "the model's own"."""
+
+    architecture: Architecture
+    gpu_memory_bytes: int
+    model: str = "model"
+    gpu: str = "custom"
+    weight_dtype: str | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    concurrency: int = 1
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    tensor_parallel_size: int = 1
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    activation_bytes: int | None = None
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES
+    non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES
+
+    def __post_init__(self) -> None:
+        positive = {
+            "--gpu-memory": self.gpu_memory_bytes,
+            "--concurrency": self.concurrency,
+            "--tensor-parallel-size": self.tensor_parallel_size,
+            "--block-size": self.block_size,
+            "--max-model-len": self.max_model_len or 1,
+            "--max-num-seqs": self.max_num_seqs or 1,
+            "--max-num-batched-tokens": self.max_num_batched_tokens or 1,
+        }
+        for flag, value in positive.items():
+            if value <= 0:
+                raise UsageError(f"{flag} must be greater than zero, got {value}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        kv = normalise_dtype(self.kv_cache_dtype)
+        if kv != "auto" and kv not in KV_DTYPES:
+            raise UsageError(
+                f"unknown KV cache dtype {self.kv_cache_dtype!r}: use auto, bf16, fp16, fp8, int8, int4"
+            )
+        weight_bytes_per_param(self.effective_weight_dtype)  # validates
+
+    @property
+    def effective_weight_dtype(self) -> str:
+        """The weight dtype asked for, else the checkpoint's."""
+        return normalise_dtype(self.weight_dtype) if self.weight_dtype else self.architecture.weight_dtype
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """``--max-model-len``, else the model's ``max_position_embeddings`` (vLLM's default)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if self.architecture.max_position_embeddings is None:
+            raise UsageError("the model's config.json has no max_position_embeddings: give --max-model-len")
+        return self.architecture.max_position_embeddings
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """The predicted budget of a deployment; byte figures are per GPU, token counts per engine."""
+
+    request: PlanRequest
+    parameters: int
+    kv_bytes_per_token: int
+    kv_bytes_per_sequence: int
+    kv_bytes_total: int
+    weights_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+    gpu_memory_bytes: int
+    kv_pool_bytes: int
+    kv_pool_tokens: int
+    max_concurrency: float
+    verdict: Verdict
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def headroom_bytes(self) -> int:
+        """GPU memory left after the seeds' ledger (negative when it does not fit)."""
+        return self.gpu_memory_bytes - self.total_bytes
+
+
+def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
+    arch = request.architecture
+    element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
+    return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
+
+
+def _tokens_held(kind: LayerKind, window: int | None, length: int) -> int:
+    if kind is LayerKind.NONE:
+        return 0
+    if kind is LayerKind.SLIDING and window:
+        return min(window, length)
+    return length
+
+
+def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> int:
+    block = request.block_size
+    full_blocks = math.ceil(length / block)
+    window = request.architecture.sliding_window
+    if kind is LayerKind.NONE:
+        return 0
+    if kind is LayerKind.SLIDING and window:
+        chunk = request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return min(full_blocks, math.ceil(min(window - 1 + chunk, length) / block) + 1)
+    return full_blocks
+
+
+def estimate_activation_bytes(request: PlanRequest) -> int:
+    """The activation peak: an explicit figure, the seeds' default, or the batch-size estimate."""
+    if request.activation_bytes is not None:
+        return request.activation_bytes
+    tokens = request.max_num_batched_tokens
+    if tokens is None:
+        return DEFAULT_ACTIVATION_BYTES
+    arch = request.architecture
+    intermediate = arch.intermediate_size
+    if arch.moe is not None:
+        intermediate = arch.moe.experts_per_token * arch.moe.expert_intermediate_size
+        intermediate += arch.moe.shared_intermediate_size
+    per_token = 4 * arch.hidden_size + 3 * intermediate // request.tensor_parallel_size
+    seqs = request.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    return tokens * per_token * ACTIVATION_ELEMENT_BYTES + seqs * arch.vocab_size * LOGIT_ELEMENT_BYTES
+
+
+def _notes(request: PlanRequest, max_concurrency: float) -> tuple[str, ...]:
+    notes: list[str] = []
+    arch = request.architecture
+    length = request.effective_max_model_len
+    if arch.max_position_embeddings and length > arch.max_position_embeddings:
+        notes.append(
+            f"max_model_len {length} exceeds the model's max_position_embeddings "
+            f"{arch.max_position_embeddings}"
+        )
+    if request.max_num_seqs is not None and request.max_num_seqs < request.concurrency:
+        notes.append(
+            f"max_num_seqs {request.max_num_seqs} is below the target concurrency {request.concurrency}"
+        )
+    if arch.num_kv_heads < request.tensor_parallel_size and arch.mla is None:
+        notes.append(
+            f"{arch.num_kv_heads} KV heads over {request.tensor_parallel_size} GPUs: "
+            "each GPU keeps a full KV head (replicated)"
+        )
+    if 0 < max_concurrency < request.concurrency:
+        notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
+    return tuple(notes)
+
+
+def build_ledger(request: PlanRequest) -> Ledger:
+    """Compute the ledger, vLLM's pool and the verdict for ``request``."""
+    arch = request.architecture
+    length = request.effective_max_model_len
+    per_layer = _layer_kv_bytes_per_token(request)
+    kinds = arch.layer_kinds
+    per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
+    per_sequence = sum(per_layer * _tokens_held(kind, arch.sliding_window, length) for kind in kinds)
+    params = parameter_count(arch)
+    weights = round(
+        params * weight_bytes_per_param(request.effective_weight_dtype) / request.tensor_parallel_size
+    )
+    activation = estimate_activation_bytes(request)
+    kv_total = request.concurrency * per_sequence
+    total = weights + round(kv_total) + activation + request.overhead_bytes
+
+    requested = math.ceil(request.gpu_memory_bytes * request.gpu_memory_utilization)
+    pool = max(0, requested - weights - activation - request.non_torch_bytes)
+    block_bytes = request.block_size * per_token
+    num_blocks = int(pool // block_bytes) if block_bytes else 0
+    request_bytes = sum(
+        per_layer * request.block_size * _blocks_per_request(request, k, length) for k in kinds
+    )
+    max_concurrency = round(num_blocks * block_bytes / request_bytes, 2) if request_bytes else 0.0
+
+    if total > request.gpu_memory_bytes or max_concurrency < 1:
+        verdict = Verdict.DOES_NOT_FIT
+    elif (
+        request.gpu_memory_bytes - total < TIGHT_HEADROOM_FRACTION * request.gpu_memory_bytes
+        or max_concurrency < request.concurrency
+    ):
+        verdict = Verdict.TIGHT
+    else:
+        verdict = Verdict.FITS
+    return Ledger(
+        request=request,
+        parameters=params,
+        kv_bytes_per_token=round(per_token),
+        kv_bytes_per_sequence=round(per_sequence),
+        kv_bytes_total=round(kv_total),
+        weights_bytes=weights,
+        activation_bytes=activation,
+        overhead_bytes=request.overhead_bytes,
+        total_bytes=total,
+        gpu_memory_bytes=request.gpu_memory_bytes,
+        kv_pool_bytes=pool,
+        kv_pool_tokens=num_blocks * request.block_size,
+        max_concurrency=max_concurrency,
+        verdict=verdict,
+        notes=_notes(request, max_concurrency),
+    )

@@ -1,0 +1,70 @@
+"""Parameter count computed from an :class:`~sidecar.budget.architecture.Architecture`.
+
+Used when a model directory has no weight files (a catalog entry, or a bare ``config.json``).
+It counts the tensors a Llama-style decoder has: embeddings (and an untied LM head), per layer
+the attention projections (with biases where the family has them, QK norms, or MLA's low-rank
+projections), a gated MLP or the MoE experts, the router and shared experts, and the RMS norms.
+Vision towers of multimodal checkpoints are not counted. Tests compare the result with the
+published counts of every catalog model (within 1%).
+"""
+
+from __future__ import annotations
+
+from sidecar.budget.architecture import Architecture, MlaSpec
+
+_GATED_MLP_MATRICES = 3  # gate, up and down projections
+
+
+def _attention_parameters(arch: Architecture) -> int:
+    hidden = arch.hidden_size
+    if arch.mla is not None:
+        return _mla_parameters(arch, arch.mla)
+    q_size = arch.num_attention_heads * arch.head_dim
+    kv_size = arch.num_kv_heads * arch.head_dim
+    total = hidden * (q_size + 2 * kv_size) + q_size * hidden
+    if arch.attention_bias:
+        total += q_size + 2 * kv_size
+    if arch.qk_norm:
+        total += 2 * arch.head_dim
+    return total
+
+
+def _mla_parameters(arch: Architecture, mla: MlaSpec) -> int:
+    hidden, heads = arch.hidden_size, arch.num_attention_heads
+    qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    if mla.q_lora_rank:
+        query = hidden * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * qk_head
+    else:
+        query = hidden * heads * qk_head
+    kv_down = hidden * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+    kv_up = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out = heads * mla.v_head_dim * hidden
+    return query + kv_down + kv_up + out
+
+
+def _mlp_parameters(arch: Architecture, layer: int) -> int:
+    hidden = arch.hidden_size
+    moe = arch.moe
+    if moe is None or layer < moe.dense_layers:
+        return _GATED_MLP_MATRICES * hidden * arch.intermediate_size
+    experts = moe.num_experts * _GATED_MLP_MATRICES * hidden * moe.expert_intermediate_size
+    shared = _GATED_MLP_MATRICES * hidden * moe.shared_intermediate_size
+    router = hidden * moe.num_experts
+    return experts + shared + router
+
+
+def computed_parameter_count(arch: Architecture) -> int:
+    """Total parameters of the language model described by ``arch``."""
+    hidden = arch.hidden_size
+    embeddings = arch.vocab_size * hidden * (1 if arch.tie_word_embeddings else 2)
+    norms_per_layer = 4 * hidden if arch.model_type.startswith("gemma") else 2 * hidden
+    layers = sum(
+        _attention_parameters(arch) + _mlp_parameters(arch, i) + norms_per_layer
+        for i in range(arch.num_layers)
+    )
+    return embeddings + layers + hidden
+
+
+def parameter_count(arch: Architecture) -> int:
+    """The measured parameter count when the weight files gave one, else the computed one."""
+    return arch.parameter_count if arch.parameter_count is not None else computed_parameter_count(arch)

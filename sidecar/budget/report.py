@@ -1,0 +1,110 @@
+"""Presenting a ledger: the JSON document (exact bytes) and the human table (GiB only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.budget.advice import Option
+from sidecar.budget.ledger import Ledger
+from sidecar.units import format_gib
+
+_SUMMARY_FIELDS = (
+    "kv_bytes_total",
+    "weights_bytes",
+    "total_bytes",
+    "kv_pool_tokens",
+    "max_concurrency",
+    "verdict",
+)
+
+
+def _figures(ledger: Ledger) -> dict[str, Any]:
+    return {
+        "kv_bytes_per_token": ledger.kv_bytes_per_token,
+        "kv_bytes_per_sequence": ledger.kv_bytes_per_sequence,
+        "kv_bytes_total": ledger.kv_bytes_total,
+        "weights_bytes": ledger.weights_bytes,
+        "activation_bytes": ledger.activation_bytes,
+        "overhead_bytes": ledger.overhead_bytes,
+        "total_bytes": ledger.total_bytes,
+        "gpu_memory_bytes": ledger.gpu_memory_bytes,
+        "headroom_bytes": ledger.headroom_bytes,
+        "kv_pool_bytes": ledger.kv_pool_bytes,
+        "kv_pool_tokens": ledger.kv_pool_tokens,
+        "max_concurrency": ledger.max_concurrency,
+        "verdict": ledger.verdict.value,
+    }
+
+
+def _inputs(ledger: Ledger) -> dict[str, Any]:
+    req = ledger.request
+    arch = req.architecture
+    return {
+        "model": req.model,
+        "gpu": req.gpu,
+        "parameters": ledger.parameters,
+        "parameter_source": arch.parameter_source,
+        "weight_dtype": req.effective_weight_dtype,
+        "kv_cache_dtype": req.kv_cache_dtype,
+        "max_model_len": req.effective_max_model_len,
+        "concurrency": req.concurrency,
+        "gpu_memory_utilization": req.gpu_memory_utilization,
+        "tensor_parallel_size": req.tensor_parallel_size,
+        "block_size": req.block_size,
+        "max_num_seqs": req.max_num_seqs,
+        "max_num_batched_tokens": req.max_num_batched_tokens,
+        "layers": arch.num_layers,
+        "kv_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+    }
+
+
+def _option_to_dict(option: Option) -> dict[str, Any]:
+    figures = _figures(option.ledger)
+    return {"description": option.description, **option.changes, **{k: figures[k] for k in _SUMMARY_FIELDS}}
+
+
+def ledger_to_dict(ledger: Ledger, options: list[Option]) -> dict[str, Any]:
+    """The ``plan --format json`` document: the inputs, every figure in bytes, and the options."""
+    return {
+        **_figures(ledger),
+        "inputs": _inputs(ledger),
+        "notes": list(ledger.notes),
+        "options": [_option_to_dict(o) for o in options],
+    }
+
+
+def render_table(ledger: Ledger, options: list[Option]) -> str:
+    """The human-readable plan: the ledger in GiB, vLLM's view, the verdict and the options."""
+    req = ledger.request
+    inputs = _inputs(ledger)
+    lines = [
+        f"{req.model} on {req.gpu} ({format_gib(ledger.gpu_memory_bytes)}), "
+        f"{req.concurrency} x {inputs['max_model_len']:,} tokens, weights {inputs['weight_dtype']}, "
+        f"KV {req.kv_cache_dtype}, tensor parallel {req.tensor_parallel_size}",
+        "",
+        f"  {'weights':<28}{format_gib(ledger.weights_bytes):>14}   "
+        f"({ledger.parameters / 1e9:.2f}B parameters)",
+        f"  {'KV cache':<28}{format_gib(ledger.kv_bytes_total):>14}   "
+        f"({ledger.kv_bytes_per_token:,} B/token, {format_gib(ledger.kv_bytes_per_sequence)}/sequence)",
+        f"  {'activation':<28}{format_gib(ledger.activation_bytes):>14}",
+        f"  {'framework overhead':<28}{format_gib(ledger.overhead_bytes):>14}",
+        f"  {'total':<28}{format_gib(ledger.total_bytes):>14}   "
+        f"of {format_gib(ledger.gpu_memory_bytes)}, headroom {format_gib(ledger.headroom_bytes)}",
+        "",
+        f"  vLLM view at gpu_memory_utilization {req.gpu_memory_utilization}: KV pool "
+        f"{format_gib(ledger.kv_pool_bytes)} = {ledger.kv_pool_tokens:,} tokens, maximum concurrency "
+        f"{ledger.max_concurrency:.2f}x for {inputs['max_model_len']:,} tokens per request",
+        "",
+        f"  verdict: {ledger.verdict.value}",
+    ]
+    lines.extend(f"  note: {note}" for note in ledger.notes)
+    if options:
+        lines += ["", "  alternatives that fit:"]
+        for option in options:
+            changed = ", ".join(f"{k}={v}" for k, v in option.changes.items())
+            lines.append(
+                f"    {option.description:<32}{changed:<40}total {format_gib(option.ledger.total_bytes)}, "
+                f"KV {format_gib(option.ledger.kv_bytes_total)}, {option.ledger.max_concurrency:.2f}x"
+            )
+    return "\n".join(lines)

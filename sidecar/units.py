@@ -1,0 +1,92 @@
+"""Parsing and formatting of the units the CLI accepts: sizes, durations and ratios.
+
+Sizes accept binary (``KiB``, ``MiB``, ``GiB``, ``TiB``) and decimal (``KB``, ``MB``, ``GB``,
+``TB``) suffixes or plain bytes; durations accept ``ms``, ``s``, ``m``, ``h`` or plain seconds;
+ratios are fractions. All functions are pure and raise :class:`~sidecar.errors.UsageError`
+with a one-line message on bad input.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from sidecar.errors import UsageError
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+TIB = 1024**4
+
+_SIZE_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kib": KIB,
+    "mib": MIB,
+    "gib": GIB,
+    "tib": TIB,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "ki": KIB,
+    "mi": MIB,
+    "gi": GIB,
+    "ti": TIB,
+}
+_DURATION_UNITS: dict[str, float] = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse a memory size such as ``24GiB``, ``80GB``, ``512MiB`` or ``1073741824`` into bytes."""
+    match = _NUMBER_WITH_UNIT.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise UsageError(f"invalid size {text!r}: use bytes or a number with KiB/MiB/GiB/TiB or KB/MB/GB/TB")
+    value = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"invalid size {text!r}: it must be greater than zero")
+    return int(value)
+
+
+def parse_duration(text: str) -> float:
+    """Parse a duration such as ``500ms``, ``5s``, ``2m`` or ``0.5`` (seconds) into seconds."""
+    match = _NUMBER_WITH_UNIT.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _DURATION_UNITS:
+        raise UsageError(
+            f"invalid duration {text!r}: use seconds or a number with ms/s/m/h, e.g. 500ms or 5s"
+        )
+    return float(match.group(1)) * _DURATION_UNITS[unit]
+
+
+def parse_ratio(text: str) -> float:
+    """Parse a fraction in (0, 1], such as ``0.85``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"invalid ratio {text!r}: give a fraction such as 0.9") from None
+    if not 0.0 < value <= 1.0:
+        raise UsageError(f"invalid ratio {text!r}: it must be greater than 0 and at most 1")
+    return value
+
+
+def parse_positive_int(text: str) -> int:
+    """Parse a whole number greater than zero (``32768``, ``32_768`` or ``32k`` for 32768)."""
+    cleaned = text.strip().replace("_", "").lower()
+    multiplier = 1
+    if cleaned.endswith("k"):
+        multiplier, cleaned = 1024, cleaned[:-1]
+    try:
+        value = int(cleaned) * multiplier
+    except ValueError:
+        raise UsageError(f"invalid number {text!r}: give a whole number such as 4 or 32768") from None
+    if value <= 0:
+        raise UsageError(f"invalid number {text!r}: it must be greater than zero")
+    return value
+
+
+def format_gib(num_bytes: float) -> str:
+    """Format bytes as GiB with two decimals, e.g. ``7.00 GiB``."""
+    return f"{num_bytes / GIB:,.2f} GiB"
