@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LINT_PATHS := $(wildcard sidecar tests bench)
 
 .PHONY: all setup demo test test-fast lint typecheck format clean
 
@@ -25,8 +26,8 @@ demo: setup
 
 ## lint: ruff
 lint: setup
-	$(BIN)/ruff check sidecar tests bench
-	$(BIN)/ruff format --check sidecar tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 ## typecheck: mypy --strict
 typecheck: setup
@@ -41,8 +42,8 @@ test: lint typecheck
 	$(BIN)/pytest -q
 
 format: setup
-	$(BIN)/ruff format sidecar tests bench
-	$(BIN)/ruff check --fix sidecar tests bench
+	$(BIN)/ruff format $(LINT_PATHS)
+	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,163 @@
+"""``kv-sidecar plan``: the contract in DESIGN.md and the issue's "done when" cases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.cli import main
+
+HEADLINE = [
+    "plan",
+    "--model",
+    "qwen2.5-7b",
+    "--gpu",
+    "rtx4090",
+    "--max-model-len",
+    "32768",
+    "--concurrency",
+    "4",
+]
+JSON_FIELDS = {
+    "kv_bytes_per_token",
+    "kv_bytes_per_sequence",
+    "kv_bytes_total",
+    "weights_bytes",
+    "activation_bytes",
+    "overhead_bytes",
+    "total_bytes",
+    "gpu_memory_bytes",
+    "kv_pool_bytes",
+    "kv_pool_tokens",
+    "max_concurrency",
+    "verdict",
+    "options",
+}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main([*argv, "--format", "json"], environ={}) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_headline_case(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, *HEADLINE)
+    assert JSON_FIELDS <= set(data)
+    assert data["kv_bytes_per_token"] == 57344
+    assert data["kv_bytes_total"] == 7516192768
+    assert data["verdict"] == "tight"
+
+
+def test_llama_and_fp8_halves(capsys: pytest.CaptureFixture[str]) -> None:
+    llama = [*HEADLINE[:2], "llama-3.1-8b", *HEADLINE[3:]]
+    bf16 = run_json(capsys, *llama)
+    fp8 = run_json(capsys, *llama, "--kv-cache-dtype", "fp8")
+    assert bf16["kv_bytes_per_token"] == 131072
+    assert fp8["kv_bytes_per_token"] == 65536
+    assert fp8["kv_bytes_total"] == bf16["kv_bytes_total"] // 2  # type: ignore[operator]
+    qwen_fp8 = run_json(capsys, *HEADLINE, "--kv-cache-dtype", "fp8")
+    assert qwen_fp8["kv_bytes_per_token"] == 57344 // 2
+
+
+def test_int4_and_fp8_turn_llama_into_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    llama = [*HEADLINE[:2], "llama-3.1-8b", *HEADLINE[3:]]
+    assert run_json(capsys, *llama)["verdict"] == "does-not-fit"
+    both = run_json(capsys, *llama, "--weight-dtype", "int4", "--kv-cache-dtype", "fp8")
+    assert both["verdict"] == "fits"
+    options = run_json(capsys, *llama)["options"]
+    assert isinstance(options, list)
+    assert {
+        "description": "INT4 weights and FP8 KV cache",
+        "weight_dtype": "int4",
+        "kv_cache_dtype": "fp8",
+    }.items() <= (next(o for o in options if o["description"] == "INT4 weights and FP8 KV cache").items())
+
+
+def test_model_directory_with_only_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = Path(__file__).parents[2] / "sidecar" / "budget" / "models" / "qwen2.5-7b.json"
+    shutil.copy(source, tmp_path / "config.json")
+    from_dir = run_json(capsys, *HEADLINE[:2], str(tmp_path), *HEADLINE[3:])
+    from_file = run_json(capsys, *HEADLINE[:2], str(tmp_path / "config.json"), *HEADLINE[3:])
+    from_catalog = run_json(capsys, *HEADLINE)
+    for field in ("kv_bytes_total", "weights_bytes", "total_bytes", "verdict"):
+        assert from_dir[field] == from_file[field] == from_catalog[field]
+
+
+def test_table_shows_gib_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(HEADLINE, environ={}) == 0
+    out = capsys.readouterr().out
+    assert "GiB" in out
+    assert " GB" not in out
+    assert "verdict: tight" in out
+    assert "7.00 GiB" in out
+
+
+def test_environment_sets_flags_and_flags_win(capsys: pytest.CaptureFixture[str]) -> None:
+    env = {
+        "KV_SIDECAR_MODEL": "llama-3.1-8b",
+        "KV_SIDECAR_GPU": "rtx4090",
+        "KV_SIDECAR_MAX_MODEL_LEN": "32768",
+    }
+    assert main(["plan", "--format", "json"], environ=env) == 0
+    assert json.loads(capsys.readouterr().out)["kv_bytes_total"] == 131072 * 32768
+    assert main(["plan", "--format", "json", "--max-model-len", "1024"], environ=env) == 0
+    assert json.loads(capsys.readouterr().out)["kv_bytes_total"] == 131072 * 1024
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", "nope-13b", "--gpu", "l4"], "unknown model 'nope-13b'"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu-memory", "abc"], "invalid size 'abc'"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--max-model-len", "-5"], "invalid number '-5'"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--concurrency", "0"], "invalid number '0'"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "tpu"], "unknown GPU 'tpu'"),
+        (["plan", "--model", "qwen2.5-7b"], "give --gpu"),
+        (["plan", "--gpu", "l4"], "--model is required"),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--kv-cache-dtype", "fp4"], "invalid value 'fp4'"),
+        (["plan", "--bogus"], "unrecognized arguments"),
+        ([], "required"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv, environ={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("kv-sidecar: error: ")
+    assert message in err
+
+
+def test_bad_environment_value_names_the_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "qwen2.5-7b"], environ={"KV_SIDECAR_GPU_MEMORY": "lots"}) == 2
+    assert "KV_SIDECAR_GPU_MEMORY" in capsys.readouterr().err
+
+
+def test_malformed_config_json_in_a_real_process(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_hidden_layers": 4,')
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "plan", "--model", str(tmp_path), "--gpu", "l4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "is not valid JSON" in result.stderr
+
+
+def test_console_script_runs_the_headline_case() -> None:
+    script = Path(sys.executable).parent / "kv-sidecar"
+    result = subprocess.run(
+        [str(script), *HEADLINE, "--format", "json"], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout)["kv_bytes_per_token"] == 57344
