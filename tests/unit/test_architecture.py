@@ -244,5 +244,5 @@ def test_corrupt_safetensors_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_directory_without_config_json(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="has no config.json"):
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
         load_architecture(tmp_path)

@@ -108,7 +108,7 @@ def test_sliding_window_layers_cap_a_sequence_at_the_window() -> None:
 
 
 def test_sliding_window_blocks_per_request_follow_vllm() -> None:
-    # A sliding layer needs cdiv(min(window - 1 + chunk, len), block) + 1 blocks, never more than a full layer.
+    # A sliding layer needs cdiv(min(window - 1 + chunk, len), block) + 1 blocks, at most a full layer's.
     arch = resolve_model("gemma-2-9b")
     request = PlanRequest(
         arch,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -70,7 +72,5 @@ def test_bad_positive_ints(text: str) -> None:
 @given(st.text(max_size=30))
 def test_parsers_raise_only_usage_errors(text: str) -> None:
     for parse in (parse_size, parse_duration, parse_ratio, parse_positive_int):
-        try:
+        with contextlib.suppress(UsageError):
             parse(text)
-        except UsageError:
-            pass
