@@ -1,4 +1,4 @@
-"""The ``kv-sidecar`` command line.
+"""The ``kv-sidecar`` command line: ``plan``, ``run`` and ``check``.
 
 Every flag can also be set through the environment as ``KV_SIDECAR_<FLAG>`` (upper case, dashes
 to underscores, e.g. ``KV_SIDECAR_MAX_MODEL_LEN=32768``); a flag on the command line wins. Bad
@@ -8,6 +8,7 @@ input ends with one line on stderr naming the problem and exit status 2, never a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -26,10 +27,13 @@ from sidecar.budget import (
 )
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_BYTES
 from sidecar.errors import KvSidecarError, UsageError
-from sidecar.units import parse_positive_int, parse_ratio, parse_size
+from sidecar.monitor.diagnose import MonitorSettings
+from sidecar.monitor.planning import PlanInputs
+from sidecar.units import parse_duration, parse_listen, parse_positive_int, parse_ratio, parse_size
 
 EXIT_USAGE = 2
 ENV_PREFIX = "KV_SIDECAR_"
+MIN_SCRAPE_INTERVAL = 0.05
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,61 +53,88 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-def add_deployment_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that describe the deployment: shared by ``plan``, ``run`` and ``check``."""
+def _scrape_interval(text: str) -> float:
+    value = parse_duration(text)
+    if value < MIN_SCRAPE_INTERVAL:
+        raise UsageError(f"invalid scrape interval {text!r}: the minimum is 50ms")
+    return value
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise UsageError(f"invalid duration {text!r}: it must be greater than zero")
+    return value
+
+
+def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bool = False) -> None:
+    """Flags that describe the deployment: shared by ``plan``, ``run`` and ``check``.
+
+    With ``engine_fills_in`` (``run``, ``check``) the settings vLLM reports on its ``/metrics``
+    default to ``None``, so the engine's own value is used unless the flag is given.
+    """
+
+    def default(value: object) -> object:
+        return None if engine_fills_in else value
+
     group = parser.add_argument_group("model and vLLM settings")
-    group.add_argument(
-        "--model", help="catalog id (qwen2.5-7b), Hugging Face id, model directory or config.json"
+    add = group.add_argument
+    add("--model", help="catalog id (qwen2.5-7b), Hugging Face id, model directory or config.json")
+    add(
+        "--gpu",
+        help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
     )
-    group.add_argument(
-        "--gpu", help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, ..."
+    add("--gpu-memory", type=parse_size, help="GPU memory instead of --gpu, e.g. 24GiB or 80GB")
+    add(
+        "--weight-dtype",
+        type=_choice("bf16", "fp16", "fp8", "int8", "int4"),
+        help="default: the checkpoint's",
     )
-    group.add_argument(
-        "--gpu-memory", type=parse_size, help="GPU memory instead of --gpu, e.g. 24GiB or 80GB"
+    kv_dtype = _choice("auto", "bf16", "fp16", "fp8", "int8", "int4")
+    add(
+        "--kv-cache-dtype", type=kv_dtype, default=default("auto"), help="KV cache dtype (auto = model dtype)"
     )
-    weight = _choice("bf16", "fp16", "fp8", "int8", "int4")
-    group.add_argument("--weight-dtype", type=weight, help="weight dtype (default: the checkpoint's)")
-    group.add_argument(
-        "--kv-cache-dtype",
-        type=_choice("auto", "bf16", "fp16", "fp8", "int8", "int4"),
-        default="auto",
-        help="KV cache dtype (default: auto = the model's dtype)",
-    )
-    group.add_argument(
-        "--max-model-len", type=parse_positive_int, help="tokens per sequence (default: the model's)"
-    )
-    group.add_argument(
-        "--concurrency",
+    add(
+        "--max-model-len",
         type=parse_positive_int,
-        default=1,
-        help="sequences that must fit at full length (default 1)",
+        help="tokens per sequence (default: the model's or engine's)",
     )
-    group.add_argument(
+    add("--concurrency", type=parse_positive_int, default=1, help="sequences that must fit at full length")
+    add(
         "--gpu-memory-utilization",
         type=parse_ratio,
-        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        default=default(DEFAULT_GPU_MEMORY_UTILIZATION),
         help=f"vLLM's share of GPU memory (default {DEFAULT_GPU_MEMORY_UTILIZATION})",
     )
-    group.add_argument("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
-    group.add_argument(
+    add("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
+    add(
         "--block-size",
         type=parse_positive_int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="tokens per KV block (default 16)",
+        default=default(DEFAULT_BLOCK_SIZE),
+        help="tokens per KV block",
     )
-    group.add_argument("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
+    add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
+    add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
+    add("--kv-cache-memory", type=parse_size, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
+    add("--num-gpu-blocks-override", type=parse_positive_int, help="vLLM --num-gpu-blocks-override")
+    add("--activation-memory", type=parse_size, help="activation peak (default 0.5GiB, or estimated)")
+    add("--overhead-memory", type=parse_size, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB")
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--upstream", required=True, help="vLLM's base URL, e.g. http://127.0.0.1:8000")
     group.add_argument(
-        "--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens"
+        "--scrape-timeout", type=_positive_duration, default=2.0, help="per scrape (default 2s)"
     )
+    group.add_argument("--nvml", type=_choice("auto", "off"), default="auto", help="read GPUs through NVML")
     group.add_argument(
-        "--activation-memory", type=parse_size, help="activation peak (default: 0.5GiB or estimated)"
+        "--sustain-window",
+        type=_positive_duration,
+        default=60.0,
+        help="how long 'sustained' is (default 60s)",
     )
-    group.add_argument(
-        "--overhead-memory",
-        type=parse_size,
-        default=DEFAULT_OVERHEAD_BYTES,
-        help="framework overhead (default 1.5GiB)",
-    )
+    group.add_argument("--log-level", type=_choice("debug", "info", "warning", "error"), default="info")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,25 +142,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kv-sidecar", description="Keep vLLM's KV cache out of the red.")
     parser.add_argument("--version", action="version", version=f"kv-sidecar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
     plan = commands.add_parser("plan", help="predict the memory budget of a deployment")
     add_deployment_flags(plan)
     plan.add_argument("--format", type=_choice("table", "json"), default="table", help="output format")
     plan.set_defaults(handler=_cmd_plan)
+
+    run = commands.add_parser("run", help="watch vLLM, export metrics and serve the admin endpoints")
+    _add_engine_flags(run)
+    everywhere = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
+    run.add_argument(
+        "--listen", type=parse_listen, default=(everywhere, 9000), help="client traffic (host:port)"
+    )
+    run.add_argument(
+        "--admin-listen", type=parse_listen, default=(everywhere, 9090), help="admin (host:port)"
+    )
+    run.add_argument(
+        "--no-proxy", action="store_true", help="run the monitor alone, without the admission proxy"
+    )
+    run.add_argument(
+        "--scrape-interval", type=_scrape_interval, default=0.5, help="default 500ms (minimum 50ms)"
+    )
+    run.add_argument(
+        "--stale-policy", type=_choice("open", "closed"), default="open", help="when metrics are stale"
+    )
+    add_deployment_flags(run, engine_fills_in=True)
+    run.set_defaults(handler=_cmd_run)
+
+    check = commands.add_parser(
+        "check", help="one scrape, compared with the prediction; non-zero exit if wrong"
+    )
+    _add_engine_flags(check)
+    check.add_argument("--format", type=_choice("table", "json"), default="table", help="output format")
+    add_deployment_flags(check, engine_fills_in=True)
+    check.set_defaults(handler=_cmd_check)
     return parser
 
 
+def _gpu_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
+    if args.gpu_memory is not None:
+        return args.gpu or "custom", args.gpu_memory
+    if args.gpu:
+        gpu = resolve_gpu(args.gpu)
+        return gpu.id, gpu.memory_bytes
+    return "custom", None
+
+
 def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
-    """Turn parsed deployment flags into a :class:`PlanRequest`."""
+    """Turn parsed ``plan`` flags into a :class:`PlanRequest`."""
     if not args.model:
         raise UsageError(
             "--model is required: a catalog id such as qwen2.5-7b, a model directory or a config.json"
         )
-    if args.gpu_memory is not None:
-        gpu_name, gpu_memory = (args.gpu or "custom"), args.gpu_memory
-    elif args.gpu:
-        gpu = resolve_gpu(args.gpu)
-        gpu_name, gpu_memory = gpu.id, gpu.memory_bytes
-    else:
+    gpu_name, gpu_memory = _gpu_from_args(args)
+    if gpu_memory is None:
         raise UsageError("give --gpu (e.g. rtx4090) or --gpu-memory (e.g. 24GiB)")
     return PlanRequest(
         architecture=resolve_model(args.model),
@@ -147,6 +213,51 @@ def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
         max_num_batched_tokens=args.max_num_batched_tokens,
         activation_bytes=args.activation_memory,
         overhead_bytes=args.overhead_memory,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+    )
+
+
+def plan_inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+    """Turn parsed ``run``/``check`` flags into :class:`PlanInputs` (``None`` where not given)."""
+    gpu_name, gpu_memory = _gpu_from_args(args)
+    inputs = PlanInputs(
+        architecture=resolve_model(args.model) if args.model else None,
+        model=args.model or "model",
+        gpu=gpu_name,
+        gpu_memory_bytes=gpu_memory,
+        weight_dtype=args.weight_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        concurrency=args.concurrency,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        activation_bytes=args.activation_memory,
+        overhead_bytes=args.overhead_memory,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+    )
+    if inputs.architecture is not None and inputs.gpu_memory_bytes is not None:
+        PlanRequest(  # validate the combination now, so bad flags fail at start-up with one line
+            inputs.architecture,
+            inputs.gpu_memory_bytes,
+            weight_dtype=inputs.weight_dtype,
+            concurrency=inputs.concurrency,
+            tensor_parallel_size=inputs.tensor_parallel_size,
+        )
+    return inputs
+
+
+def monitor_settings_from_args(args: argparse.Namespace, inputs: PlanInputs) -> MonitorSettings:
+    """The diagnosis settings for ``run``/``check``."""
+    return MonitorSettings(
+        target_concurrency=args.concurrency,
+        requested_kv_dtype=args.kv_cache_dtype,
+        model_dtype=inputs.architecture.dtype if inputs.architecture else None,
+        sustain_seconds=args.sustain_window,
     )
 
 
@@ -161,10 +272,45 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415 - keeps 'plan' free of server imports
+    from sidecar.logs import make_logger  # noqa: PLC0415
+    from sidecar.monitor.scraper import ScrapeSettings  # noqa: PLC0415
+
+    if not args.no_proxy:
+        raise UsageError("the admission proxy is not part of this build yet: run with --no-proxy")
+    inputs = plan_inputs_from_args(args)
+    options = RunOptions(
+        upstream=args.upstream,
+        admin_listen=args.admin_listen,
+        scrape=ScrapeSettings(interval=args.scrape_interval, timeout=args.scrape_timeout),
+        nvml=args.nvml != "off",
+        stale_policy=args.stale_policy,
+    )
+    app = SidecarApp(
+        options, inputs, monitor_settings_from_args(args, inputs), make_logger(level=args.log_level)
+    )
+    try:
+        asyncio.run(app.serve())
+    except OSError as exc:
+        raise UsageError(f"cannot listen on the admin address: {exc.strerror or exc}") from None
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from sidecar.check import run_check  # noqa: PLC0415 - keeps 'plan' free of HTTP imports
+
+    inputs = plan_inputs_from_args(args)
+    return asyncio.run(run_check(args, inputs, monitor_settings_from_args(args, inputs)))
+
+
 def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """Make ``KV_SIDECAR_<FLAG>`` variables the defaults of the matching flags (recursively)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+    """Make ``KV_SIDECAR_<FLAG>`` variables the defaults of the matching flags (recursively).
+
+    argparse has no public API to enumerate actions, so this reads ``_actions`` (stable since 2.7).
+    """
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             for sub in action.choices.values():
                 _apply_environment(sub, environ)
             continue
@@ -175,9 +321,10 @@ def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, st
         if name not in environ:
             continue
         raw = environ[name]
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._StoreTrueAction):  # noqa: SLF001
             action.default = raw.strip().lower() in {"1", "true", "yes", "on"}
             continue
+        action.required = False
         try:
             action.default = action.type(raw) if callable(action.type) else raw
         except KvSidecarError as exc:

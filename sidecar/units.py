@@ -90,3 +90,11 @@ def parse_positive_int(text: str) -> int:
 def format_gib(num_bytes: float) -> str:
     """Format bytes as GiB with two decimals, e.g. ``7.00 GiB``."""
     return f"{num_bytes / GIB:,.2f} GiB"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """Parse ``host:port`` (``0.0.0.0:9000``, ``[::1]:9090``, ``:9000``) into a host and a port."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UsageError(f"invalid address {text!r}: use host:port, e.g. 0.0.0.0:9000")
+    return (host.strip("[]") or "0.0.0.0"), int(port_text)  # noqa: S104 - listening on all interfaces is the default

@@ -12,7 +12,8 @@ each, and one token costs ``2 x layers x KV heads x head size x KV bytes`` (MLA:
 non-torch memory, and turns the rest into a pool of whole blocks (``block_size`` tokens of every
 layer). The pool in tokens and the "Maximum concurrency for N tokens per request" figure follow
 from it; a sliding-window layer needs at most ``cdiv(min(window - 1 + max_num_batched_tokens,
-max_model_len), block) + 1`` blocks per request.
+max_model_len), block) + 1`` blocks per request. ``--kv-cache-memory-bytes`` and
+``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM.
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent is replicated). Memory figures are per GPU; token counts are per engine.
@@ -94,6 +95,8 @@ class PlanRequest:
     activation_bytes: int | None = None
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES
     non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES
+    kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes: the pool, not derived
+    num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
 
     def __post_init__(self) -> None:
         positive = {
@@ -104,6 +107,8 @@ class PlanRequest:
             "--max-model-len": self.max_model_len or 1,
             "--max-num-seqs": self.max_num_seqs or 1,
             "--max-num-batched-tokens": self.max_num_batched_tokens or 1,
+            "--kv-cache-memory": self.kv_cache_memory_bytes or 1,
+            "--num-gpu-blocks-override": self.num_gpu_blocks_override or 1,
         }
         for flag, value in positive.items():
             if value <= 0:
@@ -240,9 +245,14 @@ def build_ledger(request: PlanRequest) -> Ledger:
     kv_total = request.concurrency * per_sequence
     total = weights + round(kv_total) + activation + request.overhead_bytes
 
-    requested = math.ceil(request.gpu_memory_bytes * request.gpu_memory_utilization)
-    pool = max(0, requested - weights - activation - request.non_torch_bytes)
     block_bytes = request.block_size * per_token
+    if request.num_gpu_blocks_override is not None:
+        pool = round(request.num_gpu_blocks_override * block_bytes)
+    elif request.kv_cache_memory_bytes is not None:
+        pool = request.kv_cache_memory_bytes
+    else:
+        requested = math.ceil(request.gpu_memory_bytes * request.gpu_memory_utilization)
+        pool = max(0, requested - weights - activation - request.non_torch_bytes)
     num_blocks = int(pool // block_bytes) if block_bytes else 0
     request_bytes = sum(
         per_layer * request.block_size * _blocks_per_request(request, k, length) for k in kinds

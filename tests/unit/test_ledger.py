@@ -227,3 +227,15 @@ def test_advice_lists_only_options_that_fit_with_their_totals() -> None:
 
 def test_no_advice_when_it_fits() -> None:
     assert advise(PlanRequest(resolve_model("qwen2.5-0.5b"), 24 * GIB, max_model_len=4096)) == []
+
+
+def test_pool_overrides_replace_the_computed_pool() -> None:
+    arch = architecture_from_config(TINY)
+    blocks = build_ledger(
+        PlanRequest(arch, GIB, max_model_len=1024, block_size=128, num_gpu_blocks_override=16)
+    )
+    assert (blocks.kv_pool_tokens, blocks.max_concurrency) == (2048, 2.0)
+    memory = build_ledger(
+        PlanRequest(arch, GIB, max_model_len=1024, block_size=128, kv_cache_memory_bytes=2048 * 512)
+    )
+    assert memory.kv_pool_tokens == 2048

@@ -1,0 +1,347 @@
+"""Prediction versus engine: the seeds' troubleshooting table, automated.
+
+Theory of operation
+-------------------
+:func:`compare` lines up what the budget predicted with what the engine reports (pool tokens
+and their drift, maximum concurrency against the target, the KV dtype asked for against the
+one in effect). :func:`diagnose` turns that comparison, the engine's state, the GPU reads and the
+recent :class:`~sidecar.monitor.history.SignalHistory` into :class:`Diagnosis` records, each with
+a stable ``id`` (used as a metric label, a log field and in alerts), a severity, a one-line message
+and the seeds' advice. Both functions are pure: time comes in as ``now``.
+
+| id | severity | when |
+|---|---|---|
+| ``engine-down`` | critical | the last scrape failed |
+| ``engine-metrics-missing`` | warning | the page has neither KV-usage metric (renamed or not vLLM) |
+| ``no-prediction`` | info | no ``--model`` given, so nothing to compare |
+| ``kv-pool-drift`` | warning | engine pool differs from the prediction by more than 20% (info above 5%) |
+| ``max-concurrency-below-one`` | critical | one full-length request does not fit the pool |
+| ``max-concurrency-below-target`` | warning | fewer full-length requests fit than ``--concurrency`` |
+| ``kv-dtype-not-in-effect`` | warning | e.g. FP8 asked for, the engine reports ``auto`` |
+| ``gpu-memory-above-reservation`` | warning | NVML used > the engine's reservation + 2% of the card |
+| ``gpu-memory-peak-near-total`` | warning | the window's peak leaves under 5% of the card free |
+| ``requests-waiting-sustained`` | warning | requests waited on every scrape of the sustain window |
+| ``preemptions-increasing`` | warning | the preemption counter grew within the window |
+| ``kv-usage-high-sustained`` | warning | KV usage >= 0.85 on every scrape of the sustain window |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from sidecar.budget.dtypes import normalise_dtype, serving_dtype
+from sidecar.budget.ledger import Ledger
+from sidecar.monitor.gpu import GpuSnapshot
+from sidecar.monitor.history import Observation, SignalHistory
+from sidecar.signals.vllm import EngineSnapshot
+from sidecar.units import format_gib
+
+DRIFT_WARNING_RATIO: Final = 0.20
+DRIFT_INFO_RATIO: Final = 0.05
+HIGH_USAGE_THRESHOLD: Final = 0.85
+RESERVATION_TOLERANCE_FRACTION: Final = 0.02
+PEAK_FREE_FRACTION: Final = 0.05
+
+
+class Severity(StrEnum):
+    """How bad a diagnosis is; ``check`` fails on ``warning`` and ``critical``."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        """Order for comparisons: info < warning < critical."""
+        return {"info": 0, "warning": 1, "critical": 2}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """One finding: stable id, severity, what is wrong, what to change."""
+
+    id: str
+    severity: Severity
+    message: str
+    advice: str
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready form."""
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "message": self.message,
+            "advice": self.advice,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Predicted and engine-reported figures side by side (``None`` where one side is unknown)."""
+
+    predicted_pool_tokens: int | None
+    engine_pool_tokens: int | None
+    pool_drift_ratio: float | None
+    predicted_max_concurrency: float | None
+    engine_max_concurrency: float | None
+    target_concurrency: int
+    max_model_len: int | None
+    requested_kv_dtype: str | None
+    engine_kv_dtype: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSettings:
+    """What the operator asked for, and how long "sustained" is."""
+
+    target_concurrency: int = 1
+    requested_kv_dtype: str | None = None  # only when given explicitly
+    model_dtype: str | None = None
+    sustain_seconds: float = 60.0
+    high_usage_threshold: float = HIGH_USAGE_THRESHOLD
+
+
+def _engine_max_concurrency(snapshot: EngineSnapshot, max_model_len: int | None) -> float | None:
+    config = snapshot.cache_config
+    if config is None:
+        return None
+    if config.kv_cache_max_concurrency is not None:
+        return config.kv_cache_max_concurrency
+    pool, block = config.pool_tokens, config.block_size
+    if pool is None or not block or not max_model_len:
+        return None
+    return round(pool / (math.ceil(max_model_len / block) * block), 2)
+
+
+def compare(
+    ledger: Ledger | None,
+    snapshot: EngineSnapshot | None,
+    *,
+    max_model_len: int | None,
+    settings: MonitorSettings,
+) -> Comparison:
+    """Line up the prediction and the engine's report."""
+    predicted_pool = ledger.kv_pool_tokens if ledger else None
+    engine_pool = snapshot.cache_config.pool_tokens if snapshot and snapshot.cache_config else None
+    drift = None
+    if predicted_pool and engine_pool is not None:
+        drift = (engine_pool - predicted_pool) / predicted_pool
+    engine_dtype = snapshot.cache_config.cache_dtype if snapshot and snapshot.cache_config else None
+    return Comparison(
+        predicted_pool_tokens=predicted_pool,
+        engine_pool_tokens=engine_pool,
+        pool_drift_ratio=drift,
+        predicted_max_concurrency=ledger.max_concurrency if ledger else None,
+        engine_max_concurrency=_engine_max_concurrency(snapshot, max_model_len) if snapshot else None,
+        target_concurrency=settings.target_concurrency,
+        max_model_len=max_model_len,
+        requested_kv_dtype=settings.requested_kv_dtype,
+        engine_kv_dtype=engine_dtype,
+    )
+
+
+def _dtype_in_effect(requested: str, reported: str, model_dtype: str | None) -> bool:
+    want = normalise_dtype(requested)
+    have = normalise_dtype(reported)
+    if want == "auto":
+        return have in {"auto", serving_dtype(model_dtype or "auto")}
+    if have == "auto":
+        return model_dtype is not None and want == serving_dtype(model_dtype)
+    return want == have
+
+
+def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list[Diagnosis]:
+    found: list[Diagnosis] = []
+    drift = comparison.pool_drift_ratio
+    if drift is not None and abs(drift) > DRIFT_INFO_RATIO:
+        severity = Severity.WARNING if abs(drift) > DRIFT_WARNING_RATIO else Severity.INFO
+        found.append(
+            Diagnosis(
+                "kv-pool-drift",
+                severity,
+                f"engine KV pool is {comparison.engine_pool_tokens:,} tokens, predicted "
+                f"{comparison.predicted_pool_tokens:,} ({drift:+.0%})",
+                "check that the sidecar's flags (model, GPU, dtypes, gpu_memory_utilization,"
+                " max_num_batched_tokens)"
+                " match vLLM's; another process on the GPU or a larger activation peak shrinks the pool",
+            )
+        )
+    concurrency = comparison.engine_max_concurrency
+    if concurrency is None:
+        concurrency = comparison.predicted_max_concurrency
+    if concurrency is not None and comparison.max_model_len:
+        source = "engine" if comparison.engine_max_concurrency is not None else "prediction"
+        if concurrency < 1:
+            found.append(
+                Diagnosis(
+                    "max-concurrency-below-one",
+                    Severity.CRITICAL,
+                    f"the KV pool holds {concurrency:.2f}x of one {comparison.max_model_len:,}-token request "
+                    f"({source}): a full-length request cannot run",
+                    "lower --max-model-len, use an FP8 KV cache, or quantise the weights (INT8/INT4)",
+                )
+            )
+        elif concurrency < comparison.target_concurrency:
+            found.append(
+                Diagnosis(
+                    "max-concurrency-below-target",
+                    Severity.WARNING,
+                    f"the KV pool holds {concurrency:.2f} full-length requests ({source}), "
+                    f"below the target {comparison.target_concurrency}",
+                    "use an FP8 KV cache, quantise the weights, lower --max-model-len, or accept queueing",
+                )
+            )
+    requested, reported = comparison.requested_kv_dtype, comparison.engine_kv_dtype
+    if requested and reported and not _dtype_in_effect(requested, reported, settings.model_dtype):
+        found.append(
+            Diagnosis(
+                "kv-dtype-not-in-effect",
+                Severity.WARNING,
+                f"KV cache dtype {requested} was requested but the engine reports cache_dtype={reported!r}",
+                f"start vLLM with --kv-cache-dtype {requested} and check the GPU supports it"
+                " (FP8 KV needs Ada, Hopper or newer); otherwise quantise the weights instead",
+            )
+        )
+    return found
+
+
+def _gpu_diagnoses(
+    gpus: list[GpuSnapshot], utilization: float | None, history: SignalHistory
+) -> list[Diagnosis]:
+    found: list[Diagnosis] = []
+    for gpu in gpus:
+        if utilization is not None:
+            reservation = math.ceil(gpu.total_bytes * utilization)
+            if gpu.used_bytes > reservation + RESERVATION_TOLERANCE_FRACTION * gpu.total_bytes:
+                others = f"; {len(gpu.processes)} processes hold memory" if gpu.processes else ""
+                found.append(
+                    Diagnosis(
+                        "gpu-memory-above-reservation",
+                        Severity.WARNING,
+                        f"GPU {gpu.index} uses {format_gib(gpu.used_bytes)}, "
+                        f"above the engine's reservation of "
+                        f"{format_gib(reservation)} (gpu_memory_utilization {utilization}){others}",
+                        "another process or activation spikes use memory vLLM did not reserve: move the other"
+                        " process, lower --max-num-batched-tokens, or lower --gpu-memory-utilization",
+                    )
+                )
+    peak_steady = history.peak_and_steady(lambda o: o.gpu_used_bytes)
+    if peak_steady and gpus:
+        peak, steady = peak_steady
+        total = sum(g.total_bytes for g in gpus) / len(gpus)
+        if total - peak < PEAK_FREE_FRACTION * total:
+            found.append(
+                Diagnosis(
+                    "gpu-memory-peak-near-total",
+                    Severity.WARNING,
+                    f"peak GPU memory {format_gib(peak)} leaves under 5% of {format_gib(total)} free "
+                    f"(steady {format_gib(steady)}, margin {format_gib(peak - steady)})",
+                    "the peak-to-steady gap is the real safety margin: lower --gpu-memory-utilization or"
+                    " --max-num-batched-tokens before an activation spike runs out of memory",
+                )
+            )
+    return found
+
+
+def _load_diagnoses(history: SignalHistory, now: float, settings: MonitorSettings) -> list[Diagnosis]:
+    found: list[Diagnosis] = []
+    window = settings.sustain_seconds
+    if history.sustained(now, window, lambda o: (o.waiting or 0) > 0):
+        found.append(
+            Diagnosis(
+                "requests-waiting-sustained",
+                Severity.WARNING,
+                f"requests have been waiting for at least {window:g}s",
+                "the engine cannot run more at once: raise --max-num-seqs if memory allows, or free KV space"
+                " (FP8 KV cache, quantised weights) before raising it",
+            )
+        )
+    preempted = history.increase(now, window, lambda o: o.preemptions_total)
+    if preempted > 0:
+        found.append(
+            Diagnosis(
+                "preemptions-increasing",
+                Severity.WARNING,
+                f"{preempted:g} preemptions in the last {window:g}s: the KV cache ran out mid-generation",
+                "lower --max-num-seqs one step and let requests queue, or admit long prompts one at a time",
+            )
+        )
+    threshold = settings.high_usage_threshold
+    if history.sustained(now, window, lambda o: o.kv_usage is not None and o.kv_usage >= threshold):
+        found.append(
+            Diagnosis(
+                "kv-usage-high-sustained",
+                Severity.WARNING,
+                f"KV cache usage has stayed at or above {threshold:.0%} for at least {window:g}s",
+                "lower --max-num-seqs one step and let requests queue rather than push the pool to its limit",
+            )
+        )
+    return found
+
+
+def diagnose(
+    *,
+    comparison: Comparison,
+    engine_up: bool,
+    snapshot: EngineSnapshot | None,
+    predicted: bool,
+    gpus: list[GpuSnapshot],
+    history: SignalHistory,
+    now: float,
+    settings: MonitorSettings,
+) -> list[Diagnosis]:
+    """Everything wrong right now, most severe first."""
+    found: list[Diagnosis] = []
+    if not engine_up:
+        found.append(
+            Diagnosis(
+                "engine-down",
+                Severity.CRITICAL,
+                "the engine's /metrics did not answer on the last scrape",
+                "check that vLLM is running and --upstream points at it",
+            )
+        )
+    if snapshot is not None and snapshot.kv_usage_metric is None:
+        found.append(
+            Diagnosis(
+                "engine-metrics-missing",
+                Severity.WARNING,
+                "the engine's page has neither vllm:kv_cache_usage_perc nor vllm:gpu_cache_usage_perc",
+                "check that --upstream is a vLLM server and whether this vLLM version renamed the metric",
+            )
+        )
+    if not predicted:
+        found.append(
+            Diagnosis(
+                "no-prediction",
+                Severity.INFO,
+                "no budget prediction: give --model (and --gpu or --gpu-memory, or let NVML tell the GPU)",
+                "pass the same model and settings vLLM runs with",
+            )
+        )
+    found += _budget_diagnoses(comparison, settings)
+    utilization = snapshot.cache_config.gpu_memory_utilization if snapshot and snapshot.cache_config else None
+    found += _gpu_diagnoses(gpus, utilization, history)
+    found += _load_diagnoses(history, now, settings)
+    return sorted(found, key=lambda d: -d.severity.rank)
+
+
+def observation(at: float, snapshot: EngineSnapshot | None, gpus: list[GpuSnapshot]) -> Observation:
+    """The history record for one scrape."""
+    used = sum(g.used_bytes for g in gpus) // len(gpus) if gpus else None
+    if snapshot is None:
+        return Observation(at=at, gpu_used_bytes=used)
+    return Observation(
+        at=at,
+        kv_usage=snapshot.kv_usage,
+        waiting=snapshot.waiting,
+        preemptions_total=snapshot.preemptions_total,
+        gpu_used_bytes=used,
+    )

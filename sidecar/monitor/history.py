@@ -1,0 +1,73 @@
+"""A short, pure history of engine and GPU signals, for "sustained" and "increasing" questions.
+
+The scraper appends one :class:`Observation` per successful scrape with the time it was taken
+(from an injected monotonic clock); the history drops what is older than its window. Every
+question takes ``now`` explicitly, so tests can ask "exactly at the window" and "just past it".
+A condition is *sustained* over ``duration`` only when the history reaches back at least that
+far (the oldest kept observation is at least ``duration`` old) and every observation inside the
+interval satisfies it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The signals of one scrape at monotonic time ``at``."""
+
+    at: float
+    kv_usage: float | None = None
+    waiting: float | None = None
+    preemptions_total: float | None = None
+    gpu_used_bytes: int | None = None
+
+
+class SignalHistory:
+    """Observations within the last ``window`` seconds."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._items: deque[Observation] = deque()
+
+    def add(self, observation: Observation) -> None:
+        """Append an observation and forget the ones older than the window (keeping one as an anchor)."""
+        self._items.append(observation)
+        horizon = observation.at - self.window
+        while len(self._items) > 1 and self._items[1].at <= horizon:
+            self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def sustained(self, now: float, duration: float, condition: Callable[[Observation], bool]) -> bool:
+        """Whether ``condition`` held on every observation of the last ``duration`` seconds."""
+        if not self._items or now - self._items[0].at < duration:
+            return False
+        start = now - duration
+        recent = [o for o in self._items if o.at >= start]
+        anchor = [o for o in self._items if o.at < start][-1:]  # the value in force when the interval began
+        return bool(recent or anchor) and all(condition(o) for o in anchor + recent)
+
+    def increase(self, now: float, duration: float, value: Callable[[Observation], float | None]) -> float:
+        """How much a counter grew over the last ``duration`` seconds (resets count from zero)."""
+        start = now - duration
+        points = [v for o in self._items if o.at >= start and (v := value(o)) is not None]
+        before = [v for o in self._items if o.at < start and (v := value(o)) is not None][-1:]
+        series = before + points
+        growth = 0.0
+        for previous, current in itertools.pairwise(series):
+            growth += current - previous if current >= previous else current
+        return growth
+
+    def peak_and_steady(self, value: Callable[[Observation], float | None]) -> tuple[float, float] | None:
+        """The maximum and the median of ``value`` over the window, or ``None`` without data."""
+        values = [v for o in self._items if (v := value(o)) is not None]
+        if not values:
+            return None
+        return max(values), statistics.median(values)

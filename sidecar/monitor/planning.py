@@ -1,0 +1,84 @@
+"""Which settings the live prediction uses: the operator's flags, else what the engine reports.
+
+vLLM tells some of its settings on ``/metrics`` (``cache_config_info``: block size, KV dtype,
+``gpu_memory_utilization``, a blocks override) and ``/v1/models`` (``max_model_len``); NVML tells
+the GPU's memory. :func:`resolve_plan_request` merges them with the flags, a flag given
+explicitly always winning, and returns ``None`` when a prediction is impossible (no ``--model``,
+or no GPU size from ``--gpu``, ``--gpu-memory`` or NVML).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.budget.architecture import Architecture
+from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, PlanRequest
+from sidecar.signals.vllm import CacheConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """The deployment flags as given (``None`` = not given on the command line or environment)."""
+
+    architecture: Architecture | None = None
+    model: str = "model"
+    gpu: str = "custom"
+    gpu_memory_bytes: int | None = None
+    weight_dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    concurrency: int = 1
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+    block_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    activation_bytes: int | None = None
+    overhead_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+
+
+def _engine_kv_dtype(config: CacheConfig | None) -> str | None:
+    if config is None or config.cache_dtype is None:
+        return None
+    dtype = normalise_dtype(config.cache_dtype)
+    return dtype if dtype == "auto" or dtype in KV_DTYPES else None
+
+
+def resolve_plan_request(
+    inputs: PlanInputs,
+    engine: CacheConfig | None,
+    engine_max_model_len: int | None,
+    gpu_total_bytes: int | None,
+) -> PlanRequest | None:
+    """The request to predict with, or ``None`` when there is not enough to predict."""
+    if inputs.architecture is None:
+        return None
+    gpu_memory = inputs.gpu_memory_bytes or gpu_total_bytes
+    if gpu_memory is None:
+        return None
+    extra = {} if inputs.overhead_bytes is None else {"overhead_bytes": inputs.overhead_bytes}
+    return PlanRequest(
+        architecture=inputs.architecture,
+        gpu_memory_bytes=gpu_memory,
+        model=inputs.model,
+        gpu=inputs.gpu if inputs.gpu_memory_bytes else "nvml",
+        weight_dtype=inputs.weight_dtype,
+        kv_cache_dtype=inputs.kv_cache_dtype or _engine_kv_dtype(engine) or "auto",
+        max_model_len=inputs.max_model_len or engine_max_model_len,
+        concurrency=inputs.concurrency,
+        gpu_memory_utilization=inputs.gpu_memory_utilization
+        or (engine.gpu_memory_utilization if engine else None)
+        or DEFAULT_GPU_MEMORY_UTILIZATION,
+        tensor_parallel_size=inputs.tensor_parallel_size,
+        block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
+        max_num_seqs=inputs.max_num_seqs,
+        max_num_batched_tokens=inputs.max_num_batched_tokens,
+        activation_bytes=inputs.activation_bytes,
+        kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override
+        or (engine.num_gpu_blocks_override if engine else None),
+        **extra,
+    )

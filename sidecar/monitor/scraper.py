@@ -1,0 +1,154 @@
+"""The scraper loop: vLLM's ``/metrics`` (and ``/v1/models`` once per engine start) into the monitor.
+
+Each round fetches the page with a timeout, scans it (see :mod:`sidecar.signals`), reads NVML in
+a worker thread when enabled, and reports the outcome to the :class:`~sidecar.monitor.monitor.Monitor`
+with the injected clock's time. After a failure the next round waits
+``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Outcomes are
+counted in ``kv_sidecar_scrape_errors_total{reason}`` and timed in
+``kv_sidecar_scrape_duration_seconds``; logging of state changes is the monitor's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.nvml import NvmlReader
+from sidecar.signals import MetricsParseError, parse_vllm_metrics
+
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+MAX_PAGE_BYTES = 16 * 1024 * 1024
+
+
+class ScrapeMetrics:
+    """The scraper's own counters, registered on an explicit registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.duration = Histogram(
+            "kv_sidecar_scrape_duration_seconds",
+            "Time to fetch and scan the engine's /metrics page.",
+            buckets=SCRAPE_BUCKETS,
+            registry=registry,
+        )
+        self.errors = Counter(
+            "kv_sidecar_scrape_errors",
+            "Failed scrapes of the engine's /metrics by reason: connect, timeout, status, parse, too_large.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("connect", "timeout", "status", "parse", "too_large"):
+            self.errors.labels(reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSettings:
+    """Interval, timeout and backoff of the scraper."""
+
+    interval: float = 0.5
+    timeout: float = 2.0
+    max_backoff: float = 5.0
+
+
+class _ScrapeFailedError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class EngineScraper:
+    """Scrapes one engine; :meth:`run` loops until cancelled."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        upstream: str,
+        monitor: Monitor,
+        metrics: ScrapeMetrics,
+        *,
+        settings: ScrapeSettings,
+        clock: Callable[[], float] = time.monotonic,
+        nvml: NvmlReader | None = None,
+    ) -> None:
+        self._client = client
+        self._base = upstream.rstrip("/")
+        self._monitor = monitor
+        self._metrics = metrics
+        self._settings = settings
+        self._clock = clock
+        self._nvml = nvml
+        self._models_fetched = False
+
+    async def _fetch_page(self) -> str:
+        try:
+            response = await self._client.get(f"{self._base}/metrics", timeout=self._settings.timeout)
+        except httpx.TimeoutException:
+            message = f"no answer from {self._base}/metrics within {self._settings.timeout}s"
+            raise _ScrapeFailedError("timeout", message) from None
+        except httpx.HTTPError as exc:
+            raise _ScrapeFailedError(
+                "connect", f"{self._base}/metrics: {type(exc).__name__}: {exc}"
+            ) from None
+        if response.status_code != httpx.codes.OK:
+            raise _ScrapeFailedError("status", f"{self._base}/metrics answered HTTP {response.status_code}")
+        if len(response.content) > MAX_PAGE_BYTES:
+            raise _ScrapeFailedError("too_large", f"{self._base}/metrics is over {MAX_PAGE_BYTES} bytes")
+        return response.text
+
+    async def _fetch_max_model_len(self) -> None:
+        """Read ``max_model_len`` and the served model name from ``/v1/models`` (best effort)."""
+        try:
+            response = await self._client.get(f"{self._base}/v1/models", timeout=self._settings.timeout)
+            data = response.json()["data"][0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return
+        engine = self._monitor.engine
+        if isinstance(data.get("max_model_len"), int):
+            engine.max_model_len = data["max_model_len"]
+        if isinstance(data.get("id"), str):
+            engine.served_model = data["id"]
+        self._models_fetched = True
+
+    async def scrape_once(self) -> bool:
+        """One round; returns whether the engine answered with a usable page."""
+        if self._nvml is not None:
+            gpus = await self._nvml.read_async()
+            self._monitor.record_gpus(gpus, self._nvml.available, self._nvml.unavailable_reason)
+        started = time.perf_counter()
+        try:
+            page = await self._fetch_page()
+            snapshot = parse_vllm_metrics(page)
+        except _ScrapeFailedError as failure:
+            self._metrics.errors.labels(reason=failure.reason).inc()
+            self._models_fetched = False
+            self._monitor.record_failure(str(failure), self._clock())
+            return False
+        except MetricsParseError as exc:
+            self._metrics.errors.labels(reason="parse").inc()
+            self._monitor.record_failure(f"unparseable /metrics page: {exc}", self._clock())
+            return False
+        finally:
+            self._metrics.duration.observe(time.perf_counter() - started)
+        if not self._models_fetched:
+            await self._fetch_max_model_len()
+        self._monitor.record_success(snapshot, self._clock())
+        return True
+
+    def next_delay(self) -> float:
+        """Seconds until the next round: the interval, or the backoff after failures."""
+        failures = self._monitor.engine.consecutive_failures
+        if failures == 0:
+            return self._settings.interval
+        backoff: float = self._settings.interval * 2.0**failures
+        return min(backoff, max(self._settings.max_backoff, self._settings.interval))
+
+    async def run(self) -> None:
+        """Scrape forever (until cancelled)."""
+        while True:
+            await self.scrape_once()
+            await asyncio.sleep(self.next_delay())

@@ -1,0 +1,121 @@
+"""The admin server: ``/metrics``, ``/healthz``, ``/readyz``, ``/budget``, ``/status``.
+
+It runs on its own port, apart from client traffic. ``/readyz`` answers 200 while the sidecar can
+serve: not draining, and the engine reachable (or the stale policy is ``open``, so the sidecar
+passes traffic through even when it cannot see the engine). Handlers only read the monitor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from sidecar import __version__
+from sidecar.budget.report import ledger_to_dict
+from sidecar.monitor.monitor import Monitor
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Process-wide flags the admin endpoints report; owned by the application."""
+
+    draining: bool = False
+    stale_policy: str = "open"
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value
+
+
+def budget_document(monitor: Monitor) -> dict[str, Any]:
+    """``GET /budget``: the prediction next to the engine's report, and the diagnoses."""
+    snapshot = monitor.engine.snapshot
+    config = snapshot.cache_config if snapshot else None
+    return {
+        "predicted": ledger_to_dict(monitor.ledger, []) if monitor.ledger else None,
+        "prediction_error": monitor.plan_error,
+        "engine": {
+            "kv_pool_tokens": config.pool_tokens if config else None,
+            "num_gpu_blocks": config.num_gpu_blocks if config else None,
+            "block_size": config.block_size if config else None,
+            "cache_dtype": config.cache_dtype if config else None,
+            "gpu_memory_utilization": config.gpu_memory_utilization if config else None,
+            "kv_cache_memory_bytes": config.kv_cache_memory_bytes if config else None,
+            "max_concurrency": monitor.comparison.engine_max_concurrency,
+            "max_model_len": monitor.engine.max_model_len,
+            "model": monitor.engine.served_model or (snapshot.model_name if snapshot else None),
+        },
+        "comparison": monitor.comparison.to_dict(),
+        "diagnoses": [d.to_dict() for d in monitor.diagnoses],
+    }
+
+
+def status_document(monitor: Monitor, lifecycle: Lifecycle, now: float) -> dict[str, Any]:
+    """``GET /status``: engine state, GPU state and lifecycle."""
+    engine = monitor.engine
+    snapshot = engine.snapshot
+    return {
+        "version": __version__,
+        "draining": lifecycle.draining,
+        "engine": {
+            "up": bool(engine.up),
+            "metrics_age_seconds": _finite(engine.metrics_age(now)),
+            "last_error": engine.last_error,
+            "consecutive_failures": engine.consecutive_failures,
+            "kv_cache_usage_ratio": snapshot.kv_usage if snapshot else None,
+            "running": snapshot.running if snapshot else None,
+            "waiting": snapshot.waiting if snapshot else None,
+            "preemptions_total": snapshot.preemptions_total if snapshot else None,
+            "engines": sorted(snapshot.engines) if snapshot else [],
+        },
+        "gpu": {
+            "nvml": "available"
+            if monitor.gpu.available
+            else ("disabled" if not monitor.gpu.enabled else "unavailable"),
+            "reason": monitor.gpu.unavailable_reason,
+            "gpus": [
+                {"index": g.index, "name": g.name, "total_bytes": g.total_bytes, "used_bytes": g.used_bytes}
+                for g in monitor.gpu.gpus
+            ],
+        },
+        "diagnoses": [d.to_dict() for d in monitor.diagnoses],
+    }
+
+
+def build_admin_app(
+    monitor: Monitor, registry: CollectorRegistry, lifecycle: Lifecycle, clock: Callable[[], float]
+) -> web.Application:
+    """The aiohttp application serving the admin endpoints."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if lifecycle.draining:
+            return web.json_response({"ready": False, "reason": "draining"}, status=503)
+        if not monitor.engine.up and lifecycle.stale_policy == "closed":
+            return web.json_response({"ready": False, "reason": "engine-unavailable"}, status=503)
+        return web.json_response({"ready": True, "engine_up": bool(monitor.engine.up)})
+
+    async def budget(_: web.Request) -> web.Response:
+        return web.json_response(budget_document(monitor))
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(status_document(monitor, lifecycle, clock()))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/budget", budget)
+    app.router.add_get("/status", status)
+    return app

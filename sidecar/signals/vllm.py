@@ -1,0 +1,255 @@
+"""vLLM's ``/metrics`` families mapped to an :class:`EngineSnapshot`.
+
+Both current and older names are accepted: KV usage is ``vllm:kv_cache_usage_perc`` (0.9+)
+or ``vllm:gpu_cache_usage_perc`` (older; both are fractions despite ``_perc``), the newer one
+preferred when a page has both; prefix-cache counters are ``vllm:prefix_cache_*`` or, in 0.8.x,
+``vllm:gpu_prefix_cache_*``. V1 pages label every series with ``engine`` (data-parallel index);
+V0 pages do not, and count as engine ``"0"``. Per-engine values are kept, and the snapshot
+aggregates them: KV usage is the *maximum* over engines (the most saturated engine decides
+pressure), request counts and counters are sums. ``vllm:cache_config_info`` carries the engine's
+cache settings as label strings; ``None``/``True``/``False`` strings are decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from sidecar.signals.scan import Sample, scan
+
+KV_USAGE: Final = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"
+RUNNING: Final = "vllm:num_requests_running"
+WAITING: Final = "vllm:num_requests_waiting"
+WAITING_BY_REASON: Final = "vllm:num_requests_waiting_by_reason"
+SWAPPED: Final = "vllm:num_requests_swapped"
+PREEMPTIONS: Final = "vllm:num_preemptions_total"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+PREFIX_QUERIES: Final = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS: Final = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+CACHE_CONFIG: Final = "vllm:cache_config_info"
+
+WANTED: Final = (
+    KV_USAGE,
+    KV_USAGE_OLD,
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    SWAPPED,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    *PREFIX_QUERIES,
+    *PREFIX_HITS,
+    CACHE_CONFIG,
+)
+"""Every family the sidecar reads from a vLLM page."""
+
+
+def _label_int(value: str | None) -> int | None:
+    if value is None or value in {"", "None"}:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) else None
+
+
+def _label_float(value: str | None) -> float | None:
+    if value is None or value in {"", "None"}:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _label_bool(value: str | None) -> bool | None:
+    return {"True": True, "true": True, "False": False, "false": False}.get(value or "")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The engine's KV-cache settings from ``vllm:cache_config_info``."""
+
+    block_size: int | None
+    num_gpu_blocks: int | None
+    cache_dtype: str | None
+    gpu_memory_utilization: float | None
+    enable_prefix_caching: bool | None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+
+    @property
+    def pool_tokens(self) -> int | None:
+        """The KV pool in tokens: ``kv_cache_size_tokens``, else ``num_gpu_blocks x block_size``."""
+        if self.kv_cache_size_tokens is not None:
+            return self.kv_cache_size_tokens
+        if self.num_gpu_blocks is not None and self.block_size is not None:
+            return self.num_gpu_blocks * self.block_size
+        return None
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
+        """Decode the label strings of one ``cache_config_info`` sample."""
+        return cls(
+            block_size=_label_int(labels.get("block_size")),
+            num_gpu_blocks=_label_int(labels.get("num_gpu_blocks")),
+            cache_dtype=labels.get("cache_dtype") or None,
+            gpu_memory_utilization=_label_float(labels.get("gpu_memory_utilization")),
+            enable_prefix_caching=_label_bool(labels.get("enable_prefix_caching")),
+            kv_cache_size_tokens=_label_int(labels.get("kv_cache_size_tokens")),
+            kv_cache_max_concurrency=_label_float(labels.get("kv_cache_max_concurrency")),
+            kv_cache_memory_bytes=_label_int(labels.get("kv_cache_memory_bytes")),
+            num_gpu_blocks_override=_label_int(labels.get("num_gpu_blocks_override")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineValues:
+    """The values of one data-parallel engine (``None`` where its page lacks the family)."""
+
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    swapped: float | None = None
+    preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What one scrape of vLLM's ``/metrics`` said, per engine and aggregated."""
+
+    engines: dict[str, EngineValues]
+    model_name: str | None
+    cache_config: CacheConfig | None
+    kv_usage_metric: str | None  # which name the KV usage came from; None when the page had neither
+
+    def _sum(self, attribute: str) -> float | None:
+        values = [getattr(e, attribute) for e in self.engines.values()]
+        present = [v for v in values if v is not None]
+        return math.fsum(present) if present else None
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV-cache usage in [0, 1]: the most saturated engine's."""
+        values = [
+            e.kv_usage for e in self.engines.values() if e.kv_usage is not None and not math.isnan(e.kv_usage)
+        ]
+        return max(values) if values else None
+
+    @property
+    def running(self) -> float | None:
+        """Requests running, summed over engines."""
+        return self._sum("running")
+
+    @property
+    def waiting(self) -> float | None:
+        """Requests waiting, summed over engines."""
+        return self._sum("waiting")
+
+    @property
+    def swapped(self) -> float | None:
+        """Requests swapped to CPU (V0 engines only), summed."""
+        return self._sum("swapped")
+
+    @property
+    def preemptions_total(self) -> float | None:
+        """Preemptions since the engine started, summed."""
+        return self._sum("preemptions_total")
+
+    @property
+    def prompt_tokens_total(self) -> float | None:
+        """Prompt tokens processed, summed."""
+        return self._sum("prompt_tokens_total")
+
+    @property
+    def generation_tokens_total(self) -> float | None:
+        """Tokens generated, summed."""
+        return self._sum("generation_tokens_total")
+
+    @property
+    def prefix_cache_queries_total(self) -> float | None:
+        """Prefix-cache lookups (tokens), summed."""
+        return self._sum("prefix_cache_queries_total")
+
+    @property
+    def prefix_cache_hits_total(self) -> float | None:
+        """Prefix-cache hits (tokens), summed."""
+        return self._sum("prefix_cache_hits_total")
+
+    @property
+    def waiting_by_reason(self) -> dict[str, float]:
+        """Waiting requests by reason (``capacity``, ``deferred``), summed."""
+        totals: dict[str, float] = {}
+        for engine in self.engines.values():
+            for reason, value in engine.waiting_by_reason.items():
+                totals[reason] = totals.get(reason, 0.0) + value
+        return totals
+
+
+_SCALAR_FIELDS: Final = {
+    RUNNING: "running",
+    WAITING: "waiting",
+    SWAPPED: "swapped",
+    PREEMPTIONS: "preemptions_total",
+    PROMPT_TOKENS: "prompt_tokens_total",
+    GENERATION_TOKENS: "generation_tokens_total",
+    PREFIX_QUERIES[0]: "prefix_cache_queries_total",
+    PREFIX_QUERIES[1]: "prefix_cache_queries_total",
+    PREFIX_HITS[0]: "prefix_cache_hits_total",
+    PREFIX_HITS[1]: "prefix_cache_hits_total",
+}
+
+
+def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
+    """Build the snapshot from scanned samples (see :func:`parse_vllm_metrics`)."""
+    per_engine: dict[str, dict[str, object]] = {}
+    model_name: str | None = None
+    cache_config: CacheConfig | None = None
+    usage_new: dict[str, float] = {}
+    usage_old: dict[str, float] = {}
+    for sample in samples:
+        engine = sample.label("engine", "0")
+        model_name = model_name or sample.label("model_name") or None
+        values = per_engine.setdefault(engine, {"waiting_by_reason": {}})
+        if sample.name == CACHE_CONFIG:
+            if cache_config is None:
+                cache_config = CacheConfig.from_labels(dict(sample.labels))
+        elif sample.name == KV_USAGE:
+            usage_new[engine] = sample.value
+        elif sample.name == KV_USAGE_OLD:
+            usage_old[engine] = sample.value
+        elif sample.name == WAITING_BY_REASON:
+            reasons = values["waiting_by_reason"]
+            assert isinstance(reasons, dict)  # noqa: S101 - set just above
+            reasons[sample.label("reason", "unknown")] = sample.value
+        elif sample.name in _SCALAR_FIELDS:
+            key = _SCALAR_FIELDS[sample.name]
+            if key not in values or sample.name in {PREFIX_QUERIES[0], PREFIX_HITS[0]}:
+                values[key] = sample.value
+    usage = usage_new or usage_old
+    for engine, value in usage.items():
+        per_engine.setdefault(engine, {"waiting_by_reason": {}})["kv_usage"] = value
+    engines = {name: EngineValues(**vals) for name, vals in sorted(per_engine.items())}  # type: ignore[arg-type]
+    metric = KV_USAGE if usage_new else (KV_USAGE_OLD if usage_old else None)
+    return EngineSnapshot(
+        engines=engines, model_name=model_name, cache_config=cache_config, kv_usage_metric=metric
+    )
+
+
+def parse_vllm_metrics(text: str) -> EngineSnapshot:
+    """Scan a vLLM ``/metrics`` page into an :class:`EngineSnapshot` (raises ``MetricsParseError``)."""
+    return snapshot_from_samples(scan(text, WANTED))

@@ -1,0 +1,123 @@
+"""An in-process fake vLLM on a real socket, serving the recorded real pages with values substituted.
+
+Tests steer it through :class:`FakeVllmState`: which page to serve (a real fixture, with sample
+values replaced by :func:`substitute`), an HTTP status, a delay, or garbage. Pages stay real
+around the substituted values, as the fixtures' README asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+DATA = Path(__file__).parent / "data" / "vllm"
+PRESSURE_PAGE = "vllm-0.32.0-cpu-tiny-kv-pressure.prom"
+AFTER_LOAD_PAGE = "vllm-0.32.0-cpu-tiny-after-load.prom"
+GPU_PAGE = "vllm-0.10.x-gpu-qwen3-4b-fp8.prom"
+V0_PAGE = "vllm-0.7-v0-engine-partial.prom"
+
+
+def page(name: str) -> str:
+    """A recorded real page."""
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def substitute(text: str, metric: str, value: float | str, *, label: str | None = None) -> str:
+    """Replace the value of every sample of ``metric`` (optionally only those whose labels contain ``label``)."""
+    pattern = re.compile(rf"^({re.escape(metric)}(?:\{{[^\n]*\}})?) (\S+)$", re.MULTILINE)
+
+    def replace(match: re.Match[str]) -> str:
+        if label is not None and label not in match.group(1):
+            return match.group(0)
+        return f"{match.group(1)} {value}"
+
+    result, count = pattern.subn(replace, text)
+    if count == 0:
+        raise AssertionError(f"{metric} is not on the page")
+    return result
+
+
+def substitute_label(text: str, metric: str, key: str, value: str) -> str:
+    """Replace the value of label ``key`` on every sample of ``metric``."""
+    pattern = re.compile(rf'^({re.escape(metric)}\{{[^\n]*?\b{key}=")[^"]*(")', re.MULTILINE)
+    result, count = pattern.subn(rf"\g<1>{value}\g<2>", text)
+    if count == 0:
+        raise AssertionError(f"{metric} has no label {key}")
+    return result
+
+
+@dataclass
+class FakeVllmState:
+    """What the fake serves; tests change it while the server runs."""
+
+    metrics_page: str = field(default_factory=lambda: page(PRESSURE_PAGE))
+    metrics_status: int = 200
+    metrics_delay: float = 0.0
+    max_model_len: int = 1024
+    model: str = "tiny"
+    metrics_requests: int = 0
+
+    def set_kv_usage(self, value: float) -> None:
+        """Serve the current page with ``vllm:kv_cache_usage_perc`` = ``value``."""
+        self.metrics_page = substitute(self.metrics_page, "vllm:kv_cache_usage_perc", value)
+
+
+def build_fake_vllm(state: FakeVllmState) -> web.Application:
+    """The aiohttp app of the fake."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        state.metrics_requests += 1
+        if state.metrics_delay:
+            await asyncio.sleep(state.metrics_delay)
+        return web.Response(text=state.metrics_page, status=state.metrics_status, content_type="text/plain")
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": state.model, "object": "model", "max_model_len": state.max_model_len}],
+            }
+        )
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+class FakeVllm:
+    """Start and stop the fake on 127.0.0.1 (a fixed port lets a test stop and restart it)."""
+
+    def __init__(self, state: FakeVllmState | None = None, port: int = 0) -> None:
+        self.state = state or FakeVllmState()
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and serve."""
+        self._runner = web.AppRunner(build_fake_vllm(self.state), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        server = site._server  # noqa: SLF001 - aiohttp has no public getter for the bound port
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Close the socket (the engine is 'down' afterwards)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
