@@ -27,7 +27,7 @@ def page(name: str) -> str:
 
 
 def substitute(text: str, metric: str, value: float | str, *, label: str | None = None) -> str:
-    """Replace the value of every sample of ``metric`` (optionally only those whose labels contain ``label``)."""
+    """Replace the value of every sample of ``metric`` (with ``label``: only samples whose labels hold it)."""
     pattern = re.compile(rf"^({re.escape(metric)}(?:\{{[^\n]*\}})?) (\S+)$", re.MULTILINE)
 
     def replace(match: re.Match[str]) -> str:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
@@ -65,8 +65,8 @@ class MonitorCollector(Collector):
         requests = _gauge(
             "engine_requests", "Engine requests by state (running, waiting, swapped).", ("state",)
         )
-        preemptions = _gauge(
-            "engine_preemptions", "Engine preemptions since it started (vLLM's counter, summed)."
+        preemptions = CounterMetricFamily(
+            "kv_sidecar_engine_preemptions", "Engine preemptions since it started (vLLM's counter, summed)."
         )
         if snapshot is not None:
             if snapshot.kv_usage is not None:
