@@ -5,7 +5,8 @@ Theory of operation
 A vLLM ``/metrics`` page is 40-60 KB per engine, of which the sidecar needs a dozen lines.
 ``prometheus_client``'s parser builds every family and takes ~10 ms per page, which would block
 the event loop at a 50 ms scrape interval. :func:`scan` instead splits the page into lines
-(``\\n`` or ``\\r\\n``), drops comments at once, and tests each remaining line against the
+(on ``\\n`` only, a trailing ``\\r`` stripped: ``str.splitlines`` would also split inside label
+values at U+0085 or U+2028), drops comments at once, and tests each remaining line against the
 wanted names with one ``str.startswith(tuple)`` call (C speed); only lines that match are
 parsed: the name, the label block (with ``\\\\``, ``\\"`` and ``\\n`` escapes), the value
 (``NaN``, ``+Inf``, ``-Inf`` included) and an optional timestamp, which is ignored.
@@ -19,11 +20,13 @@ raises anything else, whatever the input (a property test checks this).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
 from sidecar.errors import KvSidecarError
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
 
@@ -47,53 +50,64 @@ class Sample:
         return default
 
 
-def _parse_labels(  # noqa: PLR0912 - a flat character loop is the fast way in CPython
-    line: str, start: int, lineno: int
-) -> tuple[tuple[tuple[str, str], ...], int]:
-    """Parse ``{a="b",...}`` from ``start`` (the ``{``); return the labels and the index after the ``}``."""
+_LABEL_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,[ \t]*)?')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(value: str) -> str:
+    return (
+        _UNESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), value)
+        if "\\" in value
+        else value
+    )
+
+
+def _parse_labels(line: str, start: int, lineno: int) -> tuple[tuple[tuple[str, str], ...], int]:
+    """Parse ``{a="b",...}`` from ``start`` (the ``{``); return the labels and the index after the ``}``.
+
+    A compiled pattern consumes one ``name="value",`` pair at a time (C speed); where it stops
+    short of the closing brace, :func:`_label_error` finds the precise fault for the message.
+    """
     labels: list[tuple[str, str]] = []
-    i = start + 1
-    length = len(line)
-    while True:
-        while i < length and line[i] in " \t":
-            i += 1
-        if i < length and line[i] == "}":
-            return tuple(sorted(labels)), i + 1
-        eq = line.find("=", i)
-        if eq < 0:
-            raise MetricsParseError(f"line {lineno}: label without '='")
-        key = line[i:eq].strip()
-        if not key or not (key[0].isalpha() or key[0] == "_") or not key.replace("_", "").isalnum():
-            raise MetricsParseError(f"line {lineno}: invalid label name {key[:40]!r}")
-        i = eq + 1
-        if i >= length or line[i] != '"':
-            raise MetricsParseError(f"line {lineno}: label {key!r} value is not quoted")
-        i += 1
-        chars: list[str] = []
-        while True:
-            if i >= length:
-                raise MetricsParseError(f"line {lineno}: unterminated value of label {key!r}")
-            char = line[i]
-            if char == "\\":
-                if i + 1 >= length:
-                    raise MetricsParseError(f"line {lineno}: dangling escape in label {key!r}")
-                chars.append(_ESCAPES.get(line[i + 1], "\\" + line[i + 1]))
-                i += 2
-                continue
-            if char == '"':
-                i += 1
-                break
-            chars.append(char)
-            i += 1
-        labels.append((key, "".join(chars)))
-        while i < length and line[i] in " \t":
-            i += 1
-        if i < length and line[i] == ",":
-            i += 1
-        elif i < length and line[i] == "}":
+    position = start + 1
+    match = _LABEL_PAIR.match(line, position)
+    while match is not None:
+        labels.append((match.group(1), _unescape(match.group(2))))
+        position = match.end()
+        if match.group(3) is None:
+            break
+        match = _LABEL_PAIR.match(line, position)
+    while position < len(line) and line[position] in " \t":
+        position += 1
+    if position < len(line) and line[position] == "}":
+        return tuple(sorted(labels)), position + 1
+    raise MetricsParseError(f"line {lineno}: {_label_error(line, position)}")
+
+
+def _label_error(line: str, position: int) -> str:
+    """Describe what is wrong with the label text at ``position``."""
+    rest = line[position:]
+    eq = rest.find("=")
+    if eq < 0:
+        return "label without '='" if rest.strip() else "unterminated label set"
+    key = rest[:eq].strip()
+    if not _LABEL_NAME.match(key):
+        return f"invalid label name {key[:40]!r}"
+    value = rest[eq + 1 :].lstrip(" \t")
+    if not value.startswith('"'):
+        return f"label {key!r} value is not quoted"
+    body = value[1:]
+    index = 0
+    while index < len(body):
+        if body[index] == "\\":
+            if index + 1 >= len(body):
+                return f"dangling escape in label {key!r}"
+            index += 2
             continue
-        else:
-            raise MetricsParseError(f"line {lineno}: expected ',' or '}}' after label {key!r}")
+        if body[index] == '"':
+            return f"expected ',' or '}}' after label {key!r}"
+        index += 1
+    return f"unterminated value of label {key!r}"
 
 
 def _parse_value(text: str, lineno: int) -> float:
@@ -114,7 +128,7 @@ def scan(text: str, names: Collection[str]) -> list[Sample]:
     wanted = tuple(names)
     wanted_set = frozenset(names)
     found: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(text.split("\n"), start=1):  # not splitlines(): U+0085 may sit in a label
         if not raw.startswith(wanted):
             continue
         line = raw.strip()

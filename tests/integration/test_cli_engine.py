@@ -1,0 +1,164 @@
+"""``kv-sidecar run --no-proxy`` and ``kv-sidecar check`` as real processes against the fake vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fake_vllm import FakeVllm
+
+pytestmark = pytest.mark.integration
+KV_SIDECAR = [sys.executable, "-m", "sidecar"]
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_check_names_the_fp8_diagnosis_and_fails(fake_vllm: FakeVllm, tiny_model_dir: Path) -> None:
+    flags = [
+        "--upstream",
+        fake_vllm.url,
+        "--model",
+        str(tiny_model_dir),
+        "--gpu-memory",
+        "24GiB",
+        "--nvml",
+        "off",
+    ]
+    code, out, err = await run_cli("check", *flags, "--kv-cache-dtype", "fp8")
+    assert code == 1, err
+    assert "kv-dtype-not-in-effect" in out
+    assert "2,048" in out  # the engine's pool, next to the prediction
+    code, out, _ = await run_cli("check", *flags)
+    assert code == 0, out
+    assert "no problems found" in out
+
+
+async def test_check_json(fake_vllm: FakeVllm, tiny_model_dir: Path) -> None:
+    code, out, _ = await run_cli(
+        "check", "--upstream", fake_vllm.url, "--model", str(tiny_model_dir), "--gpu-memory", "24GiB",
+        "--kv-cache-dtype", "fp8", "--format", "json", "--nvml", "off",
+    )  # fmt: skip
+    report = json.loads(out)
+    assert code == 1
+    assert report["engine"]["kv_pool_tokens"] == 2048
+    assert report["predicted"]["kv_pool_tokens"] == 2048
+    assert [d["id"] for d in report["diagnoses"]] == ["kv-dtype-not-in-effect"]
+
+
+async def test_check_with_the_engine_down() -> None:
+    code, out, _ = await run_cli(
+        "check", "--upstream", "http://127.0.0.1:9", "--scrape-timeout", "1s", "--nvml", "off"
+    )
+    assert code == 1
+    assert "engine-down" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_for_admin(url: str) -> None:
+    deadline = time.monotonic() + 20
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                if (await client.get(url + "/healthz")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("the sidecar did not start")
+            await asyncio.sleep(0.1)
+
+
+async def _metric(url: str, name: str) -> float | None:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(url + "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def test_run_no_proxy_end_to_end(fake_vllm: FakeVllm, tiny_model_dir: Path) -> None:
+    admin = f"http://127.0.0.1:{_free_port()}"
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--no-proxy", "--upstream", fake_vllm.url,
+        "--admin-listen", admin.removeprefix("http://"), "--scrape-interval", "100ms",
+        "--model", str(tiny_model_dir), "--gpu-memory", "24GiB", "--nvml", "off",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_for_admin(admin)
+        await asyncio.sleep(0.3)
+        assert await _metric(admin, "kv_sidecar_engine_kv_cache_usage_ratio") == 1.0
+        async with httpx.AsyncClient() as client:
+            budget = (await client.get(admin + "/budget")).json()
+        assert budget["engine"]["kv_pool_tokens"] == 2048
+        assert budget["predicted"]["kv_pool_tokens"] == 2048
+        await fake_vllm.stop()
+        await asyncio.sleep(1.0)
+        assert await _metric(admin, "kv_sidecar_engine_up") == 0.0
+        age = await _metric(admin, "kv_sidecar_engine_metrics_age_seconds")
+        assert age is not None
+        assert age > 0.5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+    assert events.count("engine_down") == 1
+    assert events[-1] == "stopped"
+
+
+async def test_run_rejects_a_busy_admin_port(fake_vllm: FakeVllm) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = await run_cli(
+            "run",
+            "--no-proxy",
+            "--upstream",
+            fake_vllm.url,
+            "--admin-listen",
+            f"127.0.0.1:{port}",
+            "--nvml",
+            "off",
+        )
+    assert code == 2
+    assert err.startswith("kv-sidecar: error: cannot listen")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--no-proxy"], "--upstream"),
+        (["run", "--no-proxy", "--upstream", "http://x", "--scrape-interval", "10ms"], "minimum is 50ms"),
+        (["run", "--no-proxy", "--upstream", "http://x", "--admin-listen", "nowhere"], "invalid address"),
+        (["check", "--upstream", "http://x", "--model", "nope"], "unknown model"),
+    ],
+)
+async def test_bad_engine_flags(args: list[str], message: str) -> None:
+    code, _, err = await run_cli(*args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
