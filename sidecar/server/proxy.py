@@ -1,0 +1,362 @@
+"""The reverse proxy in front of vLLM's OpenAI API.
+
+Every method and path is forwarded to the one configured upstream (never a client-chosen target):
+headers minus hop-by-hop ones, the body, the status, and the response streamed chunk by chunk as it
+arrives (``iter_any``: Server-Sent Events are flushed at once, the first chunk is never held back).
+One shared keep-alive client session carries all upstream traffic. Generation routes
+(:data:`GENERATION_PATHS`) pass through admission first; every other route is forwarded as is.
+
+A failed upstream *connect* is retried once (nothing was sent), then answered 503
+``engine-unavailable``; nothing is ever retried once bytes were sent. When the client goes away
+(aiohttp cancels the handler), the upstream response is closed, which makes vLLM abort the request
+and free its KV blocks. The admission ticket is released when the response to the client has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CollectorRegistry, Histogram
+from structlog.typing import FilteringBoundLogger
+
+from sidecar.admission.body import decode_json_body, request_facts
+from sidecar.admission.controller import AdmissionController, Ticket
+from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, RefusedError
+from sidecar.admission.tokens import TokenCounter
+from sidecar.errors import KvSidecarError
+from sidecar.server.admin import Lifecycle
+from sidecar.units import MIB, parse_duration
+
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+"""Routes whose requests occupy KV cache and go through admission."""
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """Where to forward, and the limits on what clients send."""
+
+    upstream: str
+    max_body_bytes: int = 16 * MIB
+    body_timeout: float = 30.0
+    connect_timeout: float = 5.0
+    queue_timeout: float = 30.0
+    tenant_header: str = "X-Tenant-Id"
+    priority_header: str = "X-KV-Sidecar-Priority"
+    queue_timeout_header: str = "X-KV-Sidecar-Queue-Timeout"
+
+
+class ProxyMetrics:
+    """Latency histograms of proxied requests, on an explicit registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.duration = Histogram(
+            "kv_sidecar_request_duration_seconds",
+            "Time from receiving a request to the end of its response, by lane (other: not generation).",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "kv_sidecar_time_to_first_byte_seconds",
+            "Time from receiving a request to the first byte of the upstream's response body, by lane.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for lane in (*[lane.value for lane in Lane], "other"):
+            self.duration.labels(lane=lane)
+            self.ttfb.labels(lane=lane)
+
+
+def error_response(error: AdmissionError) -> web.Response:
+    """The OpenAI-style error body with ``X-KV-Sidecar-Reason`` and, where it applies, ``Retry-After``."""
+    reason = error.reason
+    headers = {"X-KV-Sidecar-Reason": reason.value}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(int(error.retry_after))
+    body = {
+        "error": {
+            "message": error.message,
+            "type": reason.error_type,
+            "param": error.param,
+            "code": reason.value,
+        }
+    }
+    return web.json_response(body, status=reason.status, headers=headers)
+
+
+def _forward_headers(headers: CIMultiDictProxy[str], peer: str | None) -> CIMultiDict[str]:
+    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or lowered in listed or lowered in {"host", "content-length"}:
+            continue
+        out.add(name, value)
+    if peer:
+        prior = headers.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    return out
+
+
+def _response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    return CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed
+    )
+
+
+def tenant_of(request: web.Request, header: str) -> str:
+    """The tenant: the configured header, else a hash of the API key (never the key), else ``anonymous``."""
+    if value := request.headers.get(header):
+        return value[:128]
+    if auth := request.headers.get("Authorization"):
+        return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:12]
+    return "anonymous"
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+class Proxy:
+    """The proxy handler and its upstream session."""
+
+    def __init__(  # noqa: PLR0917 - the proxy's collaborators, each passed explicitly
+        self,
+        settings: ProxySettings,
+        controller: AdmissionController,
+        counter: TokenCounter,
+        metrics: ProxyMetrics,
+        lifecycle: Lifecycle,
+        log: FilteringBoundLogger,
+        *,
+        engine_retry_after: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.controller = controller
+        self.counter = counter
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self.log = log
+        self._engine_retry_after = engine_retry_after
+        self._base = settings.upstream.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self.open_requests = 0
+
+    async def start(self) -> None:
+        """Open the shared upstream session."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        """Close the upstream session."""
+        if self._session is not None:
+            await self._session.close()
+
+    def app(self) -> web.Application:
+        """The aiohttp application: one catch-all route."""
+        application = web.Application(client_max_size=self.settings.max_body_bytes)
+        application.router.add_route("*", "/{tail:.*}", self.handle)
+        return application
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        if not request.body_exists:
+            return b""
+        chunks: list[bytes] = []
+        size = 0
+        async with asyncio.timeout(self.settings.body_timeout):
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > self.settings.max_body_bytes:
+                    raise _BodyTooLargeError
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _wait_limit(self, request: web.Request) -> float:
+        limit = self.settings.queue_timeout
+        if raw := request.headers.get(self.settings.queue_timeout_header):
+            with contextlib.suppress(KvSidecarError):  # an unreadable header keeps the configured limit
+                limit = min(limit, max(0.0, parse_duration(raw)))
+        return limit
+
+    def _priority(self, request: web.Request, body_priority: int | None) -> int:
+        raw = request.headers.get(self.settings.priority_header)
+        if raw is not None:
+            try:
+                return int(raw)
+            except ValueError:
+                raise RefusedError(
+                    Reason.INVALID_REQUEST, f"header {self.settings.priority_header} must be an integer"
+                ) from None
+        return body_priority or 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Admit (for generation routes) and forward one request."""
+        started = time.perf_counter()
+        generation = request.method == "POST" and request.path in GENERATION_PATHS
+        self.open_requests += 1
+        ticket: Ticket | None = None
+        try:
+            if self.lifecycle.draining:
+                if generation:
+                    self.controller.count(Outcome.REFUSED, Reason.DRAINING, Lane.SHORT)
+                return error_response(
+                    RefusedError(Reason.DRAINING, "the sidecar is shutting down; retry on another replica",
+                                 retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0))
+                )  # fmt: skip
+            try:
+                if (
+                    request.content_length is not None
+                    and request.content_length > self.settings.max_body_bytes
+                ):
+                    raise _BodyTooLargeError
+                body = await self._read_body(request)
+            except _BodyTooLargeError:
+                return self._refuse_early(
+                    generation,
+                    Reason.BODY_TOO_LARGE,
+                    f"the request body exceeds {self.settings.max_body_bytes} bytes",
+                )
+            except TimeoutError:
+                return self._refuse_early(
+                    generation,
+                    Reason.BODY_TIMEOUT,
+                    f"the request body did not arrive within {self.settings.body_timeout:g}s",
+                )
+            lane_label = "other"
+            if generation:
+                try:
+                    facts = request_facts(request.path, decode_json_body(body), self.counter)
+                    priority = self._priority(request, facts.priority)
+                except RefusedError as error:
+                    self.controller.count(Outcome.REFUSED, error.reason, Lane.SHORT)
+                    return error_response(error)
+                try:
+                    ticket = await self.controller.admit(
+                        facts,
+                        tenant=tenant_of(request, self.settings.tenant_header),
+                        priority=priority,
+                        wait_limit=self._wait_limit(request),
+                    )
+                except AdmissionError as error:
+                    self.log.info(
+                        "refused", reason=error.reason.value, path=request.path, retry_after=error.retry_after
+                    )
+                    return error_response(error)
+                lane_label = ticket.lane.value
+            return await self._forward(request, body, ticket, lane=lane_label, started=started)
+        finally:
+            self.open_requests -= 1
+            if ticket is not None:
+                self.controller.release(ticket)
+
+    def _refuse_early(self, generation: bool, reason: Reason, message: str) -> web.Response:
+        if generation:
+            self.controller.count(Outcome.REFUSED, reason, Lane.SHORT)
+        return error_response(RefusedError(reason, message))
+
+    async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | None:
+        assert self._session is not None  # noqa: S101 - start() runs before serving
+        headers = _forward_headers(request.headers, request.remote)
+        url = self._base + str(request.rel_url)
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(
+                    request.method, url, headers=headers, data=body or None, allow_redirects=False
+                )
+            except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry once
+                if attempt == 2:
+                    self.log.warning("upstream_unavailable", error=f"{type(exc).__name__}: {exc}")
+        return None
+
+    async def _forward(
+        self, request: web.Request, body: bytes, ticket: Ticket | None, *, lane: str, started: float
+    ) -> web.StreamResponse:
+        upstream = await self._connect(request, body)
+        if upstream is None:
+            if ticket is not None:
+                self.controller.count(Outcome.REFUSED, Reason.ENGINE_UNAVAILABLE, ticket.lane)
+            return error_response(
+                RefusedError(Reason.ENGINE_UNAVAILABLE, "the engine is not reachable",
+                             retry_after=self._engine_retry_after())
+            )  # fmt: skip
+        if ticket is not None:
+            self.controller.count(
+                Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED, ticket.lane
+            )
+        complete = False
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            response.headers.extend(_response_headers(upstream.headers))
+            await response.prepare(request)
+            first = True
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if first:
+                        self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
+                        first = False
+                    await response.write(chunk)
+            except aiohttp.ClientError as exc:  # the engine broke off mid-response: so must we
+                self.log.warning(
+                    "upstream_broke_off", error=f"{type(exc).__name__}: {exc}", path=request.path
+                )
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            await response.write_eof()
+            complete = True
+            return response
+        finally:
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()  # closing the connection makes vLLM abort the request
+            self.metrics.duration.labels(lane=lane).observe(time.perf_counter() - started)
