@@ -1,8 +1,14 @@
 """Wiring and lifecycle: one application object owns every piece and passes it explicitly.
 
-``SidecarApp`` creates the Prometheus registry, the monitor, the scraper and the admin server;
-nothing is global. :meth:`SidecarApp.start` binds the sockets and starts the scrape loop,
-:meth:`SidecarApp.stop` undoes it; :meth:`SidecarApp.serve` runs until SIGTERM or SIGINT.
+``SidecarApp`` creates the Prometheus registry, the monitor, the scraper, the admission controller,
+the proxy and the admin server; nothing is global. :meth:`SidecarApp.start` binds the sockets and
+starts the scrape loop; :meth:`SidecarApp.drain` stops taking work and waits for in-flight
+responses; :meth:`SidecarApp.stop` closes everything; :meth:`SidecarApp.serve` runs until SIGTERM or
+SIGINT, then drains and stops.
+
+Drain: readiness turns false at once; new requests get 503 ``draining`` with ``Retry-After``; queued
+ones are let go with 503 ``draining``; admitted ones (streams included) may finish within
+``drain_timeout``; then the sockets close and ``kv-sidecar run`` exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +26,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
+from sidecar.admission.controller import (
+    AdmissionCollector,
+    AdmissionController,
+    AdmissionMetrics,
+    QueueSettings,
+)
+from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.pressure import PressureDetector, PressureSettings
+from sidecar.admission.retry import clamp_retry_after
+from sidecar.admission.tokens import TokenCounter, load_counter
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
@@ -27,6 +43,10 @@ from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
 from sidecar.server.metrics import register_monitor_metrics
+from sidecar.server.proxy import Proxy, ProxyMetrics, ProxySettings
+
+_EVERYWHERE = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
+DRAIN_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +54,21 @@ class RunOptions:
     """How ``kv-sidecar run`` was asked to run."""
 
     upstream: str
-    admin_listen: tuple[str, int] = ("0.0.0.0", 9090)  # noqa: S104 - a sidecar's admin port serves the pod
+    admin_listen: tuple[str, int] = (_EVERYWHERE, 9090)
+    listen: tuple[str, int] = (_EVERYWHERE, 9000)
+    proxy: bool = True
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     nvml: bool = True
     stale_policy: str = "open"
+    stale_after: float = 3.0
+    drain_timeout: float = 30.0
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    pressure: PressureSettings = field(default_factory=PressureSettings)
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout: float = 30.0
+    tenant_header: str = "X-Tenant-Id"
+    tokenizer_model: str | None = None
 
 
 def _bound_port(site: web.TCPSite, requested: int) -> int:
@@ -48,7 +79,7 @@ def _bound_port(site: web.TCPSite, requested: int) -> int:
 
 
 class SidecarApp:
-    """The running sidecar: registry, monitor, scraper and admin server."""
+    """The running sidecar: registry, monitor, scraper, admission, proxy and admin server."""
 
     def __init__(
         self,
@@ -59,6 +90,7 @@ class SidecarApp:
         *,
         clock: Callable[[], float] = time.monotonic,
         nvml_module: Any | None = None,
+        counter: TokenCounter | None = None,
     ) -> None:
         self.options = options
         self.log = log
@@ -70,15 +102,83 @@ class SidecarApp:
         register_monitor_metrics(self.registry, self.monitor, clock)
         self.scrape_metrics = ScrapeMetrics(self.registry)
         self.nvml = NvmlReader(log, nvml_module) if options.nvml else None
+        self.controller = AdmissionController(
+            options.admission,
+            PressureDetector(options.pressure),
+            options.queue,
+            AdmissionMetrics(self.registry),
+            clock=clock,
+            max_model_len=self.monitor.request_max_model_len,
+            pool_tokens=self._pool_tokens,
+            kv_samples=self._kv_samples,
+        )
+        self.registry.register(AdmissionCollector(self.controller))
+        self.proxy: Proxy | None = None
+        if options.proxy:
+            self.proxy = Proxy(
+                ProxySettings(
+                    upstream=options.upstream,
+                    max_body_bytes=options.max_body_bytes,
+                    body_timeout=options.body_timeout,
+                    queue_timeout=options.queue.timeout,
+                    tenant_header=options.tenant_header,
+                ),
+                self.controller,
+                counter or load_counter(options.tokenizer_model),
+                ProxyMetrics(self.registry),
+                self.lifecycle,
+                log,
+                engine_retry_after=self._engine_retry_after,
+            )
         self._client: httpx.AsyncClient | None = None
+        self._scraper: EngineScraper | None = None
         self._scrape_task: asyncio.Task[None] | None = None
-        self._admin_runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
         self.admin_port: int | None = None
+        self.proxy_port: int | None = None
+
+    def _pool_tokens(self) -> int | None:
+        snapshot = self.monitor.engine.snapshot
+        if snapshot is not None and snapshot.cache_config is not None and snapshot.cache_config.pool_tokens:
+            return snapshot.cache_config.pool_tokens
+        return self.monitor.ledger.kv_pool_tokens if self.monitor.ledger else None
+
+    def _kv_samples(self) -> list[tuple[float, float]]:
+        return [(o.at, o.kv_usage) for o in self.monitor.history.observations() if o.kv_usage is not None]
+
+    def _engine_retry_after(self) -> int:
+        delay = self._scraper.next_delay() if self._scraper else self.options.scrape.interval
+        return clamp_retry_after(delay)
+
+    def _after_scrape(self) -> None:
+        """Feed the pressure detector after every scrape round."""
+        engine = self.monitor.engine
+        now = self.clock()
+        age = engine.metrics_age(now)
+        stale = not engine.up or age is None or age > self.options.stale_after
+        usage = engine.snapshot.kv_usage if engine.snapshot and engine.up else None
+        self.controller.observe(now, usage, stale=stale)
+
+    async def _serve(
+        self, app: web.Application, address: tuple[str, int], *, cancel_on_disconnect: bool
+    ) -> int:
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=cancel_on_disconnect,
+            shutdown_timeout=1.0,
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, address[0], address[1], reuse_address=True)
+        await site.start()
+        return _bound_port(site, address[1])
 
     async def start(self) -> None:
-        """Bind the admin port, then start scraping."""
+        """Bind the admin (and proxy) ports, then start scraping."""
         self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4))
-        scraper = EngineScraper(
+        self._scraper = EngineScraper(
             self._client,
             self.options.upstream,
             self.monitor,
@@ -86,16 +186,36 @@ class SidecarApp:
             settings=self.options.scrape,
             clock=self.clock,
             nvml=self.nvml,
+            on_round=self._after_scrape,
         )
-        admin = build_admin_app(self.monitor, self.registry, self.lifecycle, self.clock)
-        self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
-        await self._admin_runner.setup()
-        host, port = self.options.admin_listen
-        site = web.TCPSite(self._admin_runner, host, port, reuse_address=True)
-        await site.start()
-        self.admin_port = _bound_port(site, port)
-        self._scrape_task = asyncio.create_task(scraper.run(), name="kv-sidecar-scraper")
-        self.log.info("started", upstream=self.options.upstream, admin=f"{host}:{self.admin_port}")
+        admin = build_admin_app(self.monitor, self.registry, self.lifecycle, self.clock, self.controller)
+        self.admin_port = await self._serve(admin, self.options.admin_listen, cancel_on_disconnect=False)
+        if self.proxy is not None:
+            await self.proxy.start()
+            self.proxy_port = await self._serve(
+                self.proxy.app(), self.options.listen, cancel_on_disconnect=True
+            )
+        self._scrape_task = asyncio.create_task(self._scraper.run(), name="kv-sidecar-scraper")
+        self.log.info(
+            "started",
+            upstream=self.options.upstream,
+            admin=f"{self.options.admin_listen[0]}:{self.admin_port}",
+            proxy=f"{self.options.listen[0]}:{self.proxy_port}" if self.proxy else None,
+        )
+
+    async def drain(self) -> bool:
+        """Stop taking work and wait for in-flight responses; ``True`` when all ended in time."""
+        self.lifecycle.draining = True
+        self.controller.start_drain()
+        deadline = self.clock() + self.options.drain_timeout
+        self.log.info("draining", inflight=self.controller.total_inflight, timeout=self.options.drain_timeout)
+        while self.clock() < deadline:
+            open_requests = self.proxy.open_requests if self.proxy else 0
+            if self.controller.total_inflight == 0 and open_requests == 0:
+                return True
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        self.log.warning("drain_timeout", inflight=self.controller.total_inflight)
+        return False
 
     async def stop(self) -> None:
         """Stop scraping and close every socket."""
@@ -103,8 +223,11 @@ class SidecarApp:
             self._scrape_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._scrape_task
-        if self._admin_runner is not None:
-            await self._admin_runner.cleanup()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        if self.proxy is not None:
+            await self.proxy.close()
         if self._client is not None:
             await self._client.aclose()
         if self.nvml is not None:
@@ -112,7 +235,7 @@ class SidecarApp:
         self.log.info("stopped")
 
     async def serve(self) -> None:
-        """Run until SIGTERM or SIGINT."""
+        """Run until SIGTERM or SIGINT, then drain and stop."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -120,6 +243,6 @@ class SidecarApp:
         await self.start()
         try:
             await stop.wait()
+            await self.drain()
         finally:
-            self.lifecycle.draining = True
             await self.stop()

@@ -137,6 +137,58 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", type=_choice("debug", "info", "warning", "error"), default="info")
 
 
+def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("admission (proxy)")
+    add = group.add_argument
+    add("--max-body-bytes", type=parse_size, default=16 * 1024 * 1024, help="request body limit (413 above)")
+    add("--body-timeout", type=_positive_duration, default=30.0, help="time to receive a request body (408)")
+    add(
+        "--pressure-threshold",
+        type=parse_ratio,
+        default=0.85,
+        help="KV usage that means pressure (default 0.85)",
+    )
+    add(
+        "--release-threshold",
+        type=parse_ratio,
+        default=0.80,
+        help="KV usage that ends pressure (default 0.80)",
+    )
+    add(
+        "--pressure-window",
+        type=_positive_duration,
+        default=5.0,
+        help="how long usage must hold (default 5s)",
+    )
+    add("--stale-after", type=_positive_duration, default=3.0, help="metrics older than this are stale")
+    add("--long-prompt-tokens", type=parse_positive_int, help="long-lane threshold (default max_model_len/2)")
+    add(
+        "--long-lane-concurrency",
+        type=parse_positive_int,
+        default=1,
+        help="long requests at once (default 1)",
+    )
+    add("--on-pressure", type=_choice("queue", "reject"), default="queue", help="long prompts under pressure")
+    add("--admission", type=_choice("lanes", "token-budget"), default="lanes", help="admission mode")
+    add("--queue-max-entries", type=parse_positive_int, default=1024, help="per lane (default 1024)")
+    add("--queue-max-tokens", type=parse_positive_int, default=4_000_000, help="per lane (default 4M)")
+    add(
+        "--queue-timeout",
+        type=_positive_duration,
+        default=30.0,
+        help="longest wait in the queue (default 30s)",
+    )
+    add(
+        "--drain-timeout",
+        type=_positive_duration,
+        default=30.0,
+        help="time for in-flight requests on SIGTERM",
+    )
+    add(
+        "--tenant-header", default="X-Tenant-Id", help="header naming the tenant (else a hash of the API key)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kv-sidecar`` argument parser."""
     parser = _Parser(prog="kv-sidecar", description="Keep vLLM's KV cache out of the red.")
@@ -148,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", type=_choice("table", "json"), default="table", help="output format")
     plan.set_defaults(handler=_cmd_plan)
 
-    run = commands.add_parser("run", help="watch vLLM, export metrics and serve the admin endpoints")
+    run = commands.add_parser("run", help="the admission proxy and the monitor, in front of vLLM")
     _add_engine_flags(run)
     everywhere = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
     run.add_argument(
@@ -166,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--stale-policy", type=_choice("open", "closed"), default="open", help="when metrics are stale"
     )
+    _add_admission_flags(run)
     add_deployment_flags(run, engine_fills_in=True)
     run.set_defaults(handler=_cmd_run)
 
@@ -273,19 +326,47 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415 - keeps 'plan' free of server imports
+    from sidecar.admission.controller import QueueSettings  # noqa: PLC0415 - keeps 'plan' free of server imports
+    from sidecar.admission.decide import AdmissionConfig  # noqa: PLC0415
+    from sidecar.admission.pressure import PressureSettings  # noqa: PLC0415
+    from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415
     from sidecar.logs import make_logger  # noqa: PLC0415
     from sidecar.monitor.scraper import ScrapeSettings  # noqa: PLC0415
 
-    if not args.no_proxy:
-        raise UsageError("the admission proxy is not part of this build yet: run with --no-proxy")
+    if args.release_threshold > args.pressure_threshold:
+        raise UsageError("--release-threshold must not exceed --pressure-threshold")
+    if args.listen == args.admin_listen and not args.no_proxy:
+        raise UsageError("--listen and --admin-listen must differ: admin endpoints have their own port")
     inputs = plan_inputs_from_args(args)
     options = RunOptions(
         upstream=args.upstream,
         admin_listen=args.admin_listen,
+        listen=args.listen,
+        proxy=not args.no_proxy,
         scrape=ScrapeSettings(interval=args.scrape_interval, timeout=args.scrape_timeout),
         nvml=args.nvml != "off",
         stale_policy=args.stale_policy,
+        stale_after=args.stale_after,
+        drain_timeout=args.drain_timeout,
+        admission=AdmissionConfig(
+            long_prompt_tokens=args.long_prompt_tokens,
+            long_lane_concurrency=args.long_lane_concurrency,
+            on_pressure=args.on_pressure,
+            mode=args.admission,
+        ),
+        pressure=PressureSettings(
+            enter_threshold=args.pressure_threshold,
+            release_threshold=args.release_threshold,
+            window=args.pressure_window,
+            stale_policy=args.stale_policy,
+        ),
+        queue=QueueSettings(
+            max_entries=args.queue_max_entries, max_tokens=args.queue_max_tokens, timeout=args.queue_timeout
+        ),
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        tenant_header=args.tenant_header,
+        tokenizer_model=args.model,
     )
     app = SidecarApp(
         options, inputs, monitor_settings_from_args(args, inputs), make_logger(level=args.log_level)
@@ -293,7 +374,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(app.serve())
     except OSError as exc:
-        raise UsageError(f"cannot listen on the admin address: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot listen: {exc.strerror or exc}") from None
     return 0
 
 

@@ -8,6 +8,7 @@ around the substituted values, as the fixtures' README asks.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,18 @@ class FakeVllmState:
     max_model_len: int = 1024
     model: str = "tiny"
     metrics_requests: int = 0
+    generation_status: int = 200
+    response_delay: float = 0.0
+    stream_chunks: int = 3
+    chunk_delay: float = 0.0
+    generation_requests: int = 0
+    running: int = 0
+    peak_running: int = 0
+    completed: int = 0
+    aborted: int = 0
+    last_headers: dict[str, str] = field(default_factory=dict)
+    last_body: dict[str, object] = field(default_factory=dict)
+    last_path: str = ""
 
     def set_kv_usage(self, value: float) -> None:
         """Serve the current page with ``vllm:kv_cache_usage_perc`` = ``value``."""
@@ -86,10 +99,75 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        state.generation_requests += 1
+        state.last_headers = dict(request.headers)
+        state.last_body = body
+        state.last_path = str(request.rel_url)
+        state.running += 1
+        state.peak_running = max(state.peak_running, state.running)
+        try:
+            if state.generation_status != 200:
+                return web.json_response(
+                    {
+                        "error": {
+                            "message": "upstream says no",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    },
+                    status=state.generation_status,
+                )
+            if body.get("stream"):
+                response = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await response.prepare(request)
+                for index in range(state.stream_chunks):
+                    chunk = {
+                        "id": "cmpl-1",
+                        "object": "text_completion",
+                        "choices": [{"index": 0, "text": f"t{index}"}],
+                    }
+                    await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    await asyncio.sleep(state.chunk_delay)
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+                state.completed += 1
+                return response
+            await asyncio.sleep(state.response_delay)
+            state.completed += 1
+            return web.json_response(
+                {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "model": state.model,
+                    "choices": [{"index": 0, "text": "ok"}],
+                }
+            )
+        except (asyncio.CancelledError, ConnectionResetError):
+            state.aborted += 1
+            raise
+        finally:
+            state.running -= 1
+
+    async def echo(request: web.Request) -> web.Response:
+        state.last_headers = dict(request.headers)
+        state.last_path = str(request.rel_url)
+        data = await request.read()
+        return web.json_response(
+            {"method": request.method, "path": request.path, "bytes": len(data)}, status=200
+        )
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_route("*", "/echo/{tail:.*}", echo)
     return app
 
 
@@ -108,7 +186,7 @@ class FakeVllm:
 
     async def start(self) -> None:
         """Bind and serve."""
-        self._runner = web.AppRunner(build_fake_vllm(self.state), access_log=None)
+        self._runner = web.AppRunner(build_fake_vllm(self.state), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()

@@ -45,6 +45,10 @@ class SignalHistory:
     def __len__(self) -> int:
         return len(self._items)
 
+    def observations(self) -> list[Observation]:
+        """The kept observations, oldest first."""
+        return list(self._items)
+
     def sustained(self, now: float, duration: float, condition: Callable[[Observation], bool]) -> bool:
         """Whether ``condition`` held on every observation of the last ``duration`` seconds."""
         if not self._items or now - self._items[0].at < duration:

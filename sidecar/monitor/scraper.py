@@ -74,6 +74,7 @@ class EngineScraper:
         settings: ScrapeSettings,
         clock: Callable[[], float] = time.monotonic,
         nvml: NvmlReader | None = None,
+        on_round: Callable[[], None] | None = None,
     ) -> None:
         self._client = client
         self._base = upstream.rstrip("/")
@@ -83,6 +84,7 @@ class EngineScraper:
         self._clock = clock
         self._nvml = nvml
         self._models_fetched = False
+        self._on_round = on_round
 
     async def _fetch_page(self) -> str:
         try:
@@ -151,4 +153,6 @@ class EngineScraper:
         """Scrape forever (until cancelled)."""
         while True:
             await self.scrape_once()
+            if self._on_round is not None:
+                self._on_round()
             await asyncio.sleep(self.next_delay())

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar import __version__
+from sidecar.admission.controller import AdmissionController
 from sidecar.budget.report import ledger_to_dict
 from sidecar.monitor.monitor import Monitor
 
@@ -55,11 +56,32 @@ def budget_document(monitor: Monitor) -> dict[str, Any]:
     }
 
 
-def status_document(monitor: Monitor, lifecycle: Lifecycle, now: float) -> dict[str, Any]:
-    """``GET /status``: engine state, GPU state and lifecycle."""
+def admission_document(controller: AdmissionController) -> dict[str, Any]:
+    """The admission part of ``GET /status``: pressure, queues, in-flight requests."""
+    detector = controller.detector
+    return {
+        "pressure": {
+            "state": detector.state.value,
+            "effective": detector.effective.value,
+            "stale": detector.stale,
+            "kv_cache_usage_ratio": detector.last_usage,
+            "transitions": detector.transitions,
+        },
+        "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
+        "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},
+        "inflight": {lane.value: count for lane, count in controller.inflight.items()},
+        "reserved_kv_tokens": controller.reserved_tokens,
+    }
+
+
+def status_document(
+    monitor: Monitor, lifecycle: Lifecycle, now: float, controller: AdmissionController | None = None
+) -> dict[str, Any]:
+    """``GET /status``: engine state, admission state, GPU state and lifecycle."""
     engine = monitor.engine
     snapshot = engine.snapshot
     return {
+        "admission": admission_document(controller) if controller is not None else None,
         "version": __version__,
         "draining": lifecycle.draining,
         "engine": {
@@ -88,7 +110,11 @@ def status_document(monitor: Monitor, lifecycle: Lifecycle, now: float) -> dict[
 
 
 def build_admin_app(
-    monitor: Monitor, registry: CollectorRegistry, lifecycle: Lifecycle, clock: Callable[[], float]
+    monitor: Monitor,
+    registry: CollectorRegistry,
+    lifecycle: Lifecycle,
+    clock: Callable[[], float],
+    controller: AdmissionController | None = None,
 ) -> web.Application:
     """The aiohttp application serving the admin endpoints."""
 
@@ -110,7 +136,7 @@ def build_admin_app(
         return web.json_response(budget_document(monitor))
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(status_document(monitor, lifecycle, clock()))
+        return web.json_response(status_document(monitor, lifecycle, clock(), controller))
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

@@ -58,6 +58,7 @@ class RunningSidecar:
         self.app = app
         self._logs = logs
         self.admin = f"http://127.0.0.1:{app.admin_port}"
+        self.proxy = f"http://127.0.0.1:{app.proxy_port}" if app.proxy_port else ""
 
     def logs(self) -> list[dict[str, Any]]:
         """Every JSON log line so far."""
@@ -87,16 +88,21 @@ async def start_sidecar(
     *,
     scrape_timeout: float = 0.5,
     stale_policy: str = "open",
+    proxy: bool = False,
+    **overrides: Any,
 ) -> RunningSidecar:
-    """Start a sidecar scraping ``upstream`` every 50 ms, admin on an ephemeral port."""
+    """Start a sidecar scraping ``upstream`` every 50 ms, admin (and proxy) on ephemeral ports."""
     logs = io.StringIO()
     app = SidecarApp(
         RunOptions(
             upstream=upstream,
             admin_listen=("127.0.0.1", 0),
+            listen=("127.0.0.1", 0),
+            proxy=proxy,
             scrape=ScrapeSettings(interval=INTERVAL, timeout=scrape_timeout, max_backoff=0.2),
             nvml=False,
             stale_policy=stale_policy,
+            **overrides,
         ),
         inputs or PlanInputs(),
         settings or MonitorSettings(),
