@@ -1,7 +1,7 @@
 """A fast stand-in for vLLM, for benchmarks: fixed completions, SSE streams that carry their send time.
 
-Run: ``python -m bench.fast_upstream PORT``. ``/metrics`` serves a recorded real vLLM page (KV usage
-0.1), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
+Run: ``python -m bench.fast_upstream PORT [KV_USAGE]``. ``/metrics`` serves a recorded real vLLM page
+with ``vllm:kv_cache_usage_perc`` set to KV_USAGE (default 0.1), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
 JSON at once, or (``"stream": true``) sends ``chunks`` SSE events whose first carries
 ``time.monotonic()`` at the moment of sending (the clock is system-wide on Linux, so the client can
 subtract it).
@@ -18,7 +18,6 @@ from pathlib import Path
 from aiohttp import web
 
 PAGE = (Path(__file__).parent.parent / "tests/data/vllm/vllm-0.32.0-cpu-tiny-kv-pressure.prom").read_text()
-PAGE = re.sub(r"^(vllm:kv_cache_usage_perc\{[^\n]*\}) \S+$", r"\1 0.1", PAGE, flags=re.MULTILINE)
 ANSWER = json.dumps(
     {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "ok"}]}
 ).encode()
@@ -38,8 +37,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def metrics(_: web.Request) -> web.Response:
-    return web.Response(text=PAGE, content_type="text/plain")
+def page(kv_usage: float) -> str:
+    """The recorded page with the KV usage substituted."""
+    return re.sub(r"^(vllm:kv_cache_usage_perc\{[^\n]*\}) \S+$", rf"\g<1> {kv_usage}", PAGE, flags=re.MULTILINE)
 
 
 async def models(_: web.Request) -> web.Response:
@@ -47,6 +47,11 @@ async def models(_: web.Request) -> web.Response:
 
 
 def main() -> None:
+    text = page(float(sys.argv[2]) if len(sys.argv) > 2 else 0.1)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)

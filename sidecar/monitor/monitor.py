@@ -16,7 +16,15 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.errors import KvSidecarError
-from sidecar.monitor.diagnose import Comparison, Diagnosis, MonitorSettings, compare, diagnose, observation
+from sidecar.monitor.diagnose import (
+    Comparison,
+    Diagnosis,
+    MonitorSettings,
+    Severity,
+    compare,
+    diagnose,
+    observation,
+)
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import SignalHistory
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request
@@ -150,7 +158,8 @@ class Monitor:
         after = {d.id for d in found}
         for diagnosis in found:
             if diagnosis.id not in before and diagnosis.id != "engine-down":
-                self._log.warning("diagnosis", **diagnosis.to_dict())
+                emit = self._log.info if diagnosis.severity is Severity.INFO else self._log.warning
+                emit("diagnosis", **diagnosis.to_dict())
         for cleared in sorted(before - after):
             self._log.info("diagnosis_cleared", id=cleared)
         self.diagnoses = found
