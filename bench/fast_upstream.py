@@ -39,7 +39,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 def page(kv_usage: float) -> str:
     """The recorded page with the KV usage substituted."""
-    return re.sub(r"^(vllm:kv_cache_usage_perc\{[^\n]*\}) \S+$", rf"\g<1> {kv_usage}", PAGE, flags=re.MULTILINE)
+    return re.sub(
+        r"^(vllm:kv_cache_usage_perc\{[^\n]*\}) \S+$", rf"\g<1> {kv_usage}", PAGE, flags=re.MULTILINE
+    )
 
 
 async def models(_: web.Request) -> web.Response:
