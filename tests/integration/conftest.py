@@ -33,6 +33,8 @@ TINY_CONFIG = {
     "tie_word_embeddings": True,
 }
 INTERVAL = 0.05
+STARTED: list[SidecarApp] = []
+"""Every sidecar started by the current test (for end-of-test accounting checks)."""
 
 
 @pytest.fixture
@@ -109,6 +111,7 @@ async def start_sidecar(
         make_logger(logs),
     )
     await app.start()
+    STARTED.append(app)
     return RunningSidecar(app, logs)
 
 

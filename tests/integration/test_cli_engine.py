@@ -162,3 +162,43 @@ async def test_bad_engine_flags(args: list[str], message: str) -> None:
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+
+
+async def test_sigterm_drains_a_stream_then_exits_zero(fake_vllm: FakeVllm) -> None:
+    fake_vllm.state.set_kv_usage(0.1)
+    fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 10, 0.1
+    admin, proxy = _free_port(), _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", f"127.0.0.1:{proxy}",
+        "--admin-listen", f"127.0.0.1:{admin}", "--scrape-interval", "100ms", "--nvml", "off", "--drain-timeout", "5s",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_for_admin(f"http://127.0.0.1:{admin}")
+        import aiohttp  # noqa: PLC0415
+
+        async with aiohttp.ClientSession() as session:
+            stream = await session.post(
+                f"http://127.0.0.1:{proxy}/v1/completions", json={"prompt": [1, 2, 3], "stream": True}
+            )
+            await stream.content.readany()
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            async with session.get(f"http://127.0.0.1:{admin}/readyz") as ready:
+                assert ready.status == 503
+            async with session.post(f"http://127.0.0.1:{proxy}/v1/completions", json={"prompt": [1]}) as late:
+                assert late.status == 503
+                assert late.headers["X-KV-Sidecar-Reason"] == "draining"
+            rest = await stream.content.read()
+            assert rest.endswith(b"data: [DONE]\n\n")
+            stream.close()
+        await asyncio.wait_for(proc.wait(), 10)
+        assert time.monotonic() - started < 5
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+    assert events[-2:] == ["draining", "stopped"] or events[-1] == "stopped"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -14,13 +14,29 @@ from sidecar.admission.controller import QueueSettings
 from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.pressure import PressureSettings
 from tests.fake_vllm import FakeVllm
-from tests.integration.conftest import RunningSidecar, start_sidecar
+from tests.integration.conftest import STARTED, RunningSidecar, start_sidecar
 
 pytestmark = pytest.mark.integration
 
 SHORT = list(range(10))  # token ids: exact counts
 LONG = list(range(600))  # >= 512 = half of the fake's max_model_len 1024
 FAST_PRESSURE = PressureSettings(window=0.2)
+SENT = [0]  # generation requests the current test sent through a sidecar
+
+
+@pytest.fixture(autouse=True)
+def every_request_is_accounted_for() -> Iterator[None]:
+    """After every test: admitted + refused + dropped + cancelled == generation requests sent."""
+    SENT[0] = 0
+    STARTED.clear()
+    yield
+    counted = 0.0
+    for app in STARTED:
+        for family in app.registry.collect():
+            if family.name == "kv_sidecar_admission":
+                counted += sum(s.value for s in family.samples if s.name.endswith("_total"))
+        assert app.controller.total_inflight == 0
+    assert counted == SENT[0], f"sent {SENT[0]} generation requests, the sidecar accounted for {counted}"
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0) -> None:
@@ -52,6 +68,7 @@ async def post(
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> tuple[int, dict[str, str], Any]:
+    SENT[0] += 1
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -122,6 +139,7 @@ async def test_streaming_chunks_arrive_as_they_are_sent(fake_vllm: FakeVllm, pro
     fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 4, 0.25
     arrivals: list[float] = []
     started = time.monotonic()
+    SENT[0] += 1
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -218,6 +236,7 @@ async def _max_model_len_known(sidecar: RunningSidecar) -> bool:
 async def test_bad_bodies_get_400_naming_the_problem(
     fake_vllm: FakeVllm, proxied: RunningSidecar, data: bytes, message: str
 ) -> None:
+    SENT[0] += 1
     async with (
         aiohttp.ClientSession() as session,
         session.post(
@@ -312,6 +331,7 @@ async def test_client_leaving_mid_stream_aborts_the_upstream(
 ) -> None:
     fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 50, 0.1
     async with aiohttp.ClientSession() as session:
+        SENT[0] += 1
         response = await session.post(
             proxied.proxy + "/v1/completions", json={"prompt": SHORT, "stream": True}
         )
@@ -331,6 +351,7 @@ async def test_drain_finishes_streams_and_refuses_the_rest(fake_vllm: FakeVllm) 
     fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 6, 0.1
     try:
         async with aiohttp.ClientSession() as session:
+            SENT[0] += 1
             stream = await session.post(
                 running.proxy + "/v1/completions", json={"prompt": SHORT, "stream": True}
             )
