@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard sidecar tests bench)
 
-.PHONY: all setup demo test test-fast lint typecheck format clean
+.PHONY: all setup demo plan-demo bench test test-fast lint typecheck format clean
 
 all: test
 
@@ -18,11 +18,22 @@ $(STAMP): pyproject.toml
 ## setup: create .venv with kv-sidecar and its development tools
 setup: $(STAMP)
 
-## demo: the main job, the seeds' headline case (Qwen2.5-7B, RTX 4090, 4 x 32K), then Llama-3.1-8B
+## demo: the main job: a real vLLM (CPU build, tiny model) hit by a spike, straight and through the sidecar
 demo: setup
+	$(BIN)/python -m bench.spike
+
+## plan-demo: the budget planner on the seeds' headline case (Qwen2.5-7B, RTX 4090, 4 x 32K), then Llama-3.1-8B
+plan-demo: setup
 	$(BIN)/kv-sidecar plan --model qwen2.5-7b --gpu rtx4090 --max-model-len 32768 --concurrency 4
 	@echo
 	$(BIN)/kv-sidecar plan --model llama-3.1-8b --gpu rtx4090 --max-model-len 32768 --concurrency 4
+
+## bench: every benchmark (prints tables, writes bench/results/*.json)
+bench: setup
+	$(BIN)/python -m bench.scrape_parse
+	$(BIN)/python -m bench.token_estimate
+	$(BIN)/python -m bench.proxy_overhead
+	$(BIN)/python -m bench.spike --quiet
 
 ## lint: ruff
 lint: setup
@@ -33,9 +44,9 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy --strict sidecar
 
-## test-fast: unit tests only
+## test-fast: unit and integration tests (seconds); no real vLLM
 test-fast: setup
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/integration
 
 ## test: everything CI runs: lint, types, all test tiers
 test: lint typecheck

@@ -10,12 +10,12 @@ is the contract:
    ``context-length-exceeded``; vLLM would refuse it anyway, so it never reaches the engine. Only
    asked when the prompt count is exact (tokenizer, token ids) or bounded by the body size.
 2. **Draining** -> 503 ``draining``.
-3. **Behind others**: if the request's lane already has a queue, it queues (no overtaking).
-4. **Token budget** (``--admission token-budget``): every in-flight request reserves its peak KV
+3. **Pressure** (the detector's effective state is ``PRESSURE``): long requests queue
+   (``--on-pressure queue``) or are refused with 429 ``kv-pressure`` (``reject``); short ones pass.
+4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking).
+5. **Token budget** (``--admission token-budget``): every in-flight request reserves its peak KV
    tokens (prompt + output) against the engine's pool; a request that does not fit the remainder
    queues. This prevents preemption instead of reacting to it.
-5. **Pressure** (the detector's effective state is ``PRESSURE``): long requests queue
-   (``--on-pressure queue``) or are refused with 429 ``kv-pressure`` (``reject``); short ones pass.
 6. **Long-lane cap**: at most ``long_lane_concurrency`` long requests run at once (default 1: the
    seed's "one lane to itself"); the rest queue.
 7. Otherwise: admit.
@@ -113,6 +113,10 @@ def decide(  # noqa: PLR0911 - one return per question, in the documented order
         if view.queue_has_room
         else (Decision(Action.REFUSE, lane, Reason.QUEUE_FULL))
     )
+    if view.pressure and lane is Lane.LONG:
+        if config.on_pressure == "reject":
+            return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
+        return queue
     if view.queued_in_lane > 0:
         return queue
     if (
@@ -121,10 +125,6 @@ def decide(  # noqa: PLR0911 - one return per question, in the documented order
         and view.reserved_tokens > 0
         and view.reserved_tokens + request.reserved_tokens > view.pool_tokens
     ):
-        return queue
-    if view.pressure and lane is Lane.LONG:
-        if config.on_pressure == "reject":
-            return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
         return queue
     if lane is Lane.LONG and view.long_inflight >= config.long_lane_concurrency:
         return queue

@@ -1,7 +1,7 @@
 """Which settings the live prediction uses: the operator's flags, else what the engine reports.
 
 vLLM tells some of its settings on ``/metrics`` (``cache_config_info``: block size, KV dtype,
-``gpu_memory_utilization``, a blocks override) and ``/v1/models`` (``max_model_len``); NVML tells
+``gpu_memory_utilization``, a blocks override, a fixed KV memory size) and ``/v1/models`` (``max_model_len``); NVML tells
 the GPU's memory. :func:`resolve_plan_request` merges them with the flags, a flag given
 explicitly always winning, and returns ``None`` when a prediction is impossible (no ``--model``,
 or no GPU size from ``--gpu``, ``--gpu-memory`` or NVML).
@@ -77,7 +77,8 @@ def resolve_plan_request(
         max_num_seqs=inputs.max_num_seqs,
         max_num_batched_tokens=inputs.max_num_batched_tokens,
         activation_bytes=inputs.activation_bytes,
-        kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
+        kv_cache_memory_bytes=inputs.kv_cache_memory_bytes
+        or (engine.kv_cache_memory_bytes if engine else None),
         num_gpu_blocks_override=inputs.num_gpu_blocks_override
         or (engine.num_gpu_blocks_override if engine else None),
         **extra,

@@ -281,3 +281,10 @@ def test_usage_fall_rate_and_pressure_estimate() -> None:
     long_lane.record(7.0)
     assert pressure_wait_estimate(0.9, None, 0.8, 5.0, long_lane) == 12.0
     assert pressure_wait_estimate(None, None, 0.8, 5.0, ServiceStats()) == 10.0
+
+
+def test_reject_mode_refuses_under_pressure_even_with_a_queue() -> None:
+    decision = decide(
+        req(20000), view(pressure=True, queued_in_lane=3), AdmissionConfig(on_pressure="reject")
+    )
+    assert (decision.action, decision.reason) == (Action.REFUSE, Reason.KV_PRESSURE)

@@ -105,6 +105,7 @@ def test_planning_prefers_flags_then_engine_then_defaults() -> None:
     )
     assert request.max_model_len == 1024
     assert request.kv_cache_dtype == "auto"
+    assert request.kv_cache_memory_bytes == 1073741824  # the engine's KV space (CPU: VLLM_CPU_KVCACHE_SPACE)
     flagged = resolve_plan_request(replace(inputs, block_size=16, kv_cache_dtype="fp8"), config, 1024, None)
     assert flagged is not None
     assert (flagged.block_size, flagged.kv_cache_dtype) == (16, "fp8")

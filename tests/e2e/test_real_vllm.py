@@ -1,0 +1,198 @@
+"""The sidecar in front of a real vLLM server, driven into real KV pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bench.spike import SpikeConfig, run_spike, wait_idle
+from bench.vllm_harness import VllmServer
+from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.pressure import PressureSettings
+from sidecar.app import RunOptions, SidecarApp
+from sidecar.budget import load_architecture
+from sidecar.logs import make_logger
+from sidecar.monitor.diagnose import MonitorSettings
+from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.scraper import ScrapeSettings
+from sidecar.signals import parse_vllm_metrics
+from sidecar.units import GIB
+
+pytestmark = pytest.mark.e2e
+
+
+async def start(engine: str, model: Path, **options: object) -> SidecarApp:
+    app = SidecarApp(
+        RunOptions(
+            upstream=engine,
+            admin_listen=("127.0.0.1", 0),
+            listen=("127.0.0.1", 0),
+            scrape=ScrapeSettings(interval=0.1, timeout=2.0),
+            nvml=False,
+            **options,  # type: ignore[arg-type]
+        ),
+        PlanInputs(architecture=load_architecture(model), model=str(model), gpu_memory_bytes=24 * GIB),
+        MonitorSettings(sustain_seconds=2.0),
+        make_logger(io.StringIO()),
+    )
+    await app.start()
+    return app
+
+
+async def engine_sample(engine: str) -> dict[str, float | None]:
+    async with aiohttp.ClientSession() as session, session.get(engine + "/metrics") as response:
+        snapshot = parse_vllm_metrics(await response.text())
+    return {"running": snapshot.running, "kv": snapshot.kv_usage, "preemptions": snapshot.preemptions_total}
+
+
+def admission_totals(app: SidecarApp) -> dict[tuple[str, str, str], float]:
+    totals = {}
+    for family in app.registry.collect():
+        if family.name == "kv_sidecar_admission":
+            for s in family.samples:
+                if s.name.endswith("_total") and s.value:
+                    totals[(s.labels["outcome"], s.labels["reason"], s.labels["lane"])] = s.value
+    return totals
+
+
+async def test_check_puts_the_real_pool_next_to_the_prediction(
+    vllm_server: VllmServer, tiny_model: Path
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "check", "--upstream", vllm_server.url, "--model", str(tiny_model),
+        "--gpu-memory", "24GiB", "--nvml", "off", "--format", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, out.decode() + err.decode()
+    report = json.loads(out)
+    assert report["engine"]["kv_pool_tokens"] == 2048  # vLLM's "KV cache size: 2,048 tokens"
+    assert report["predicted"]["kv_pool_tokens"] == 2048
+    assert report["engine"]["max_concurrency"] == report["predicted"]["max_concurrency"] == 2.0
+    assert report["predicted"]["kv_bytes_per_token"] == 512
+    assert report["engine"]["max_model_len"] == 1024
+    assert report["comparison"]["pool_drift_ratio"] == 0.0
+
+
+async def test_without_an_override_the_predicted_pool_matches_vllms_own_sizing(
+    vllm_env: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    # No --num-gpu-blocks-override: vLLM sizes the pool from its 1 GiB KV space and the model's real
+    # per-token KV bytes; the prediction uses the same space and our arithmetic (512 B/token).
+    with VllmServer(vllm_env, tiny_model, gpu_blocks=None, log_path=tmp_path / "vllm.log") as server:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "check", "--upstream", server.url, "--model", str(tiny_model),
+            "--gpu-memory", "24GiB", "--nvml", "off", "--format", "json", stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+    report = json.loads(out)
+    assert report["engine"]["kv_pool_tokens"] == GIB // 512
+    assert report["predicted"]["kv_pool_tokens"] == report["engine"]["kv_pool_tokens"]
+    log = (tmp_path / "vllm.log").read_text()
+    assert f"KV cache size: {GIB // 512:,} tokens" in log
+
+
+async def test_spike_enters_pressure_queues_long_prompts_and_loses_nothing(
+    vllm_server: VllmServer, tiny_model: Path
+) -> None:
+    await wait_idle(vllm_server.url)
+    app = await start(
+        vllm_server.url,
+        tiny_model,
+        pressure=PressureSettings(window=0.5),
+        admission=AdmissionConfig(long_lane_concurrency=4),  # let the first wave oversubscribe the pool
+    )
+    try:
+        proxy = f"http://127.0.0.1:{app.proxy_port}"
+        config = SpikeConfig(seed=3, long_requests=10, short_requests=24, long_prompt=600, long_output=400)
+        report = await run_spike(proxy, vllm_server.url, config, "sidecar")
+    finally:
+        await app.drain()
+        await app.stop()
+    summary = report.summary()
+    assert summary["lost"] == 0
+    assert summary["completed"] + summary["refused"] == summary["sent"]
+    assert all(o.status == 200 for o in report.outcomes if o.kind == "short")
+    assert app.controller.detector.transitions >= 1  # entered PRESSURE on the real vllm:kv_cache_usage_perc
+    assert summary["peak_kv_usage"] >= 0.85
+    totals = admission_totals(app)
+    assert totals.get(("admitted", "queued", "long"), 0) >= 1  # long prompts waited and were released
+    assert sum(totals.values()) == summary["sent"]
+
+
+async def test_reject_mode_refuses_with_retry_after_under_real_pressure(
+    vllm_server: VllmServer, tiny_model: Path
+) -> None:
+    await wait_idle(vllm_server.url)
+    app = await start(
+        vllm_server.url,
+        tiny_model,
+        pressure=PressureSettings(window=0.3),
+        admission=AdmissionConfig(long_lane_concurrency=4, on_pressure="reject"),
+    )
+    try:
+        proxy = f"http://127.0.0.1:{app.proxy_port}"
+        config = SpikeConfig(seed=5, long_requests=16, short_requests=10, spread_seconds=2.0)
+        report = await run_spike(proxy, vllm_server.url, config, "sidecar")
+    finally:
+        await app.drain()
+        await app.stop()
+    refused = [o for o in report.outcomes if o.status == 429]
+    assert refused, "no long prompt was refused under pressure"
+    assert all(o.kind == "long" and o.reason == "kv-pressure" for o in refused)
+    assert all(o.retry_after is not None and 1 <= o.retry_after <= 300 for o in refused)
+    assert report.summary()["lost"] == 0
+
+
+async def test_streaming_and_disconnect_mid_stream(vllm_server: VllmServer, tiny_model: Path) -> None:
+    await wait_idle(vllm_server.url)
+    app = await start(vllm_server.url, tiny_model)
+    proxy = f"http://127.0.0.1:{app.proxy_port}"
+    body = {"model": "tiny", "prompt": [11, 12, 13], "max_tokens": 20, "ignore_eos": True, "stream": True}
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(proxy + "/v1/completions", json=body) as response:
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                payload = await response.read()
+            events = [line for line in payload.decode().split("\n\n") if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            assert len(events) >= 21
+
+            long_body = {**body, "max_tokens": 900}
+            response = await session.post(proxy + "/v1/completions", json=long_body)
+            await response.content.readany()
+            assert (await engine_sample(vllm_server.url))["running"] == 1
+            response.close()  # the client goes away mid-stream
+            deadline = time.monotonic() + 10
+            while (await engine_sample(vllm_server.url))["running"] != 0:
+                assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
+                await asyncio.sleep(0.1)
+    finally:
+        await app.stop()
+    assert app.controller.total_inflight == 0
+
+
+async def test_sidecar_prevents_the_preemptions_a_direct_spike_causes(
+    vllm_server: VllmServer, tiny_model: Path
+) -> None:
+    await wait_idle(vllm_server.url)
+    config = SpikeConfig(seed=7, long_requests=8, short_requests=24)
+    direct = await run_spike(vllm_server.url, vllm_server.url, config, "direct")
+    await wait_idle(vllm_server.url)
+    app = await start(vllm_server.url, tiny_model)
+    try:
+        proxied = await run_spike(f"http://127.0.0.1:{app.proxy_port}", vllm_server.url, config, "sidecar")
+    finally:
+        await app.drain()
+        await app.stop()
+    print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
+    assert direct.summary()["lost"] == proxied.summary()["lost"] == 0
+    # one long request (8 blocks) + at most 3 short ones (1 block each) never exceed the 16-block pool
+    assert proxied.preemptions == 0
