@@ -1,10 +1,11 @@
 """Which settings the live prediction uses: the operator's flags, else what the engine reports.
 
 vLLM tells some of its settings on ``/metrics`` (``cache_config_info``: block size, KV dtype,
-``gpu_memory_utilization``, a blocks override, a fixed KV memory size) and ``/v1/models`` (``max_model_len``); NVML tells
-the GPU's memory. :func:`resolve_plan_request` merges them with the flags, a flag given
-explicitly always winning, and returns ``None`` when a prediction is impossible (no ``--model``,
-or no GPU size from ``--gpu``, ``--gpu-memory`` or NVML).
+``gpu_memory_utilization``, a blocks override, a fixed KV memory size) and ``/v1/models``
+(``max_model_len``); NVML tells the GPU's memory. :func:`resolve_plan_request` merges them
+with the flags, a flag given explicitly always winning, and returns ``None`` when a
+prediction is impossible (no ``--model``, or no GPU size from ``--gpu``, ``--gpu-memory``
+or NVML).
 """
 
 from __future__ import annotations
