@@ -3,8 +3,9 @@
 Run: ``.venv/bin/python -m bench.proxy_overhead [--seconds 3] [--rounds 3]``.
 
 Targets (processes on loopback): ``direct`` (the fast upstream itself), ``sidecar`` (``kv-sidecar run``
-in front of it, admission on, scraping every 500 ms) and ``bare`` (a 40-line aiohttp pass-through,
-the baseline). Each round measures every target in turn, so machine noise hits all of them alike;
+in front of it, admission on, scraping every 500 ms), ``bare`` (a 40-line aiohttp pass-through, the
+baseline) and ``nginx`` as a reverse proxy when an ``nginx`` binary is installed (Debian's
+``nginx-light``; buffering off, upstream keep-alive). Each round measures every target in turn, so machine noise hits all of them alike;
 the table reports medians over rounds.
 
 * ``added p50/p99 ms`` at 1 connection: the latency a non-streaming request gains over ``direct``.
@@ -20,11 +21,13 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,6 +107,40 @@ async def first_chunk_delays(url: str, count: int) -> list[float]:
     return out
 
 
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log error;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    upstream engine {{ server 127.0.0.1:{upstream}; keepalive 32; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(port: int, upstream_port: int) -> subprocess.Popen[bytes] | None:
+    """nginx as a reverse proxy, when installed; ``None`` otherwise."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        return None
+    workdir = Path(tempfile.mkdtemp(prefix="kv-sidecar-nginx-"))
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, port=port, upstream=upstream_port))
+    return start([binary, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"])
+
+
 def start(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -123,6 +160,11 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
         "sidecar": f"http://127.0.0.1:{sidecar_port}",
         "bare": f"http://127.0.0.1:{bare_port}",
     }
+    nginx_port = free_port()
+    nginx = start_nginx(nginx_port, upstream_port)
+    if nginx is not None:
+        processes.append(nginx)
+        targets["nginx"] = f"http://127.0.0.1:{nginx_port}"
     try:
         for url in targets.values():
             await wait_ready(url + "/v1/models")

@@ -40,7 +40,7 @@ class SpikeConfig:
     """The shape of one spike."""
 
     seed: int = 7
-    long_requests: int = 6
+    long_requests: int = 8
     short_requests: int = 24
     long_prompt: int = 600
     long_output: int = 400
