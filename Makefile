@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-LINT_PATHS := $(wildcard sidecar tests bench)
+LINT_PATHS := $(wildcard sidecar tests bench dashboards)
 
-.PHONY: all setup demo plan-demo bench test test-fast lint typecheck format clean
+.PHONY: all setup demo plan-demo bench dashboards test test-fast lint typecheck format clean
 
 all: test
 
@@ -48,9 +48,15 @@ typecheck: setup
 test-fast: setup
 	$(BIN)/pytest -q tests/unit tests/integration
 
-## test: everything CI runs: lint, types, all test tiers
+## test: everything CI runs: lint, types, all test tiers (installs Prometheus from Debian when missing)
 test: lint typecheck
+	scripts/ensure-prometheus
+	$(BIN)/python -m dashboards.generate --check
 	$(BIN)/pytest -q
+
+## dashboards: regenerate dashboards/*.json from dashboards/generate.py
+dashboards: setup
+	$(BIN)/python -m dashboards.generate
 
 format: setup
 	$(BIN)/ruff format $(LINT_PATHS)

@@ -1,0 +1,1 @@
+"""Grafana dashboards for kv-sidecar, generated from code (see generate.py)."""
