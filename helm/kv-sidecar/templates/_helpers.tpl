@@ -1,0 +1,164 @@
+{{/* Chart name. */}}
+{{- define "kv-sidecar.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified name. */}}
+{{- define "kv-sidecar.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Common labels. */}}
+{{- define "kv-sidecar.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "kv-sidecar.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kv-sidecar
+{{- end -}}
+
+{{/* Selector labels. */}}
+{{- define "kv-sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kv-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kv-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kv-sidecar.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The weight dtype the sidecar budgets for vLLM's --quantization. */}}
+{{- define "kv-sidecar.weightDtype" -}}
+{{- $q := lower (default "" .Values.vllm.quantization) -}}
+{{- if or (eq $q "awq") (eq $q "gptq") (eq $q "awq_marlin") (eq $q "gptq_marlin") (eq $q "bitsandbytes") -}}int4
+{{- else if eq $q "fp8" -}}fp8
+{{- end -}}
+{{- end -}}
+
+{{/* vLLM's arguments, from the one values block. */}}
+{{- define "kv-sidecar.vllmArgs" -}}
+- --model
+- {{ .Values.model.name | quote }}
+- --served-model-name
+- {{ default .Values.model.name .Values.model.servedModelName | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ .Values.vllm.port | quote }}
+- --max-model-len
+- {{ .Values.vllm.maxModelLen | quote }}
+- --max-num-seqs
+- {{ .Values.vllm.maxNumSeqs | quote }}
+- --kv-cache-dtype
+- {{ .Values.vllm.kvCacheDtype | quote }}
+- --gpu-memory-utilization
+- {{ .Values.vllm.gpuMemoryUtilization | quote }}
+- --tensor-parallel-size
+- {{ .Values.vllm.tensorParallelSize | quote }}
+{{- with .Values.vllm.maxNumBatchedTokens }}
+- --max-num-batched-tokens
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.vllm.quantization }}
+- --quantization
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.vllm.blockSize }}
+- --block-size
+- {{ . | quote }}
+{{- end }}
+{{- if .Values.vllm.enablePrefixCaching }}
+- --enable-prefix-caching
+{{- end }}
+{{- range .Values.vllm.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The sidecar's flags: the same settings, so its prediction describes what runs. */}}
+{{- define "kv-sidecar.sidecarArgs" -}}
+- run
+- --upstream
+- {{ printf "http://127.0.0.1:%v" .Values.vllm.port | quote }}
+- --listen
+- {{ printf "0.0.0.0:%v" .Values.sidecar.proxyPort | quote }}
+- --admin-listen
+- {{ printf "0.0.0.0:%v" .Values.sidecar.adminPort | quote }}
+- --model
+- {{ default .Values.model.name .Values.sidecar.modelConfig | quote }}
+- --max-model-len
+- {{ .Values.vllm.maxModelLen | quote }}
+- --max-num-seqs
+- {{ .Values.vllm.maxNumSeqs | quote }}
+- --kv-cache-dtype
+- {{ .Values.vllm.kvCacheDtype | quote }}
+- --gpu-memory-utilization
+- {{ .Values.vllm.gpuMemoryUtilization | quote }}
+- --tensor-parallel-size
+- {{ .Values.vllm.tensorParallelSize | quote }}
+{{- with .Values.vllm.maxNumBatchedTokens }}
+- --max-num-batched-tokens
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.vllm.blockSize }}
+- --block-size
+- {{ . | quote }}
+{{- end }}
+{{- with (include "kv-sidecar.weightDtype" .) }}
+- --weight-dtype
+- {{ . | quote }}
+{{- end }}
+- --concurrency
+- {{ .Values.sidecar.concurrency | quote }}
+{{- with .Values.sidecar.gpu }}
+- --gpu
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.gpuMemory }}
+- --gpu-memory
+- {{ . | quote }}
+{{- end }}
+- --nvml
+- {{ ternary "auto" "off" .Values.sidecar.nvml.enabled | quote }}
+- --on-pressure
+- {{ .Values.sidecar.admission.onPressure | quote }}
+- --admission
+- {{ .Values.sidecar.admission.mode | quote }}
+- --pressure-threshold
+- {{ .Values.sidecar.admission.pressureThreshold | quote }}
+- --release-threshold
+- {{ .Values.sidecar.admission.releaseThreshold | quote }}
+- --pressure-window
+- {{ .Values.sidecar.admission.pressureWindow | quote }}
+{{- with .Values.sidecar.admission.longPromptTokens }}
+- --long-prompt-tokens
+- {{ . | quote }}
+{{- end }}
+- --long-lane-concurrency
+- {{ .Values.sidecar.admission.longLaneConcurrency | quote }}
+- --queue-timeout
+- {{ .Values.sidecar.admission.queueTimeout | quote }}
+- --queue-max-entries
+- {{ .Values.sidecar.admission.queueMaxEntries | quote }}
+- --stale-policy
+- {{ .Values.sidecar.admission.stalePolicy | quote }}
+- --max-body-bytes
+- {{ .Values.sidecar.maxBodyBytes | quote }}
+- --scrape-interval
+- {{ .Values.sidecar.scrapeInterval | quote }}
+- --drain-timeout
+- {{ .Values.sidecar.drainTimeout | quote }}
+- --log-level
+- {{ .Values.sidecar.logLevel | quote }}
+{{- range .Values.sidecar.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
