@@ -1,0 +1,223 @@
+"""The Helm chart, linted and rendered offline (helm-python-sdk), validated, and checked against the project."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from sidecar.cli import build_parser
+
+ROOT = Path(__file__).parents[2]
+CHART = ROOT / "helm" / "kv-sidecar"
+CRDS = ROOT.parent / "shared" / "crds"
+K8S_VERSION = "1.30"
+pytestmark = pytest.mark.system
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "monitoring": {
+        "monitoring": {
+            "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+            "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+            "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+            "dashboards": {"enabled": True, "annotations": {"grafana_folder": "LLM serving"}},
+        }
+    },
+    "autoscaling": {"autoscaling": {"keda": {"enabled": True, "maxReplicas": 6}}},
+    "tensor-parallel-2": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "vllm": {"tensorParallelSize": 2},
+                          "sidecar": {"gpu": "h100", "concurrency": 4}},
+    "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
+                        "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
+               "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
+                           "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
+}  # fmt: skip
+
+
+def render(values: dict[str, Any]) -> dict[str, str]:
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema(values)
+        rendered: dict[str, str] = chart.render(values, name="llm", namespace="serving")
+    return rendered
+
+
+def documents(rendered: dict[str, str]) -> Iterator[dict[str, Any]]:
+    for path, text in rendered.items():
+        if path.endswith(".txt"):
+            continue
+        for document in yaml.safe_load_all(text):
+            if document:
+                yield document
+
+
+def containers(rendered: dict[str, str]) -> dict[str, dict[str, Any]]:
+    deployment = next(d for d in documents(rendered) if d["kind"] == "Deployment")
+    return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+
+
+def flags(args: list[str]) -> dict[str, str | bool]:
+    parsed: dict[str, str | bool] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg.startswith("--"):
+            if index + 1 < len(args) and not args[index + 1].startswith("--"):
+                parsed[arg] = args[index + 1]
+                index += 2
+                continue
+            parsed[arg] = True
+        index += 1
+    return parsed
+
+
+def test_lint() -> None:
+    result = helm.lint(str(CHART))
+    assert result["errors"] == []
+    assert all(m["severity"] <= 1 for m in result["messages"]), result["messages"]
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_core_objects_are_valid_kubernetes(name: str) -> None:
+    kinds = []
+    for document in documents(render(VALUE_SETS[name])):
+        kinds.append(document["kind"])
+        if document["apiVersion"].startswith(("monitoring.coreos.com", "keda.sh")):
+            continue
+        kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+    assert {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"} <= set(kinds)
+
+
+def _crd_schema(kind: str) -> dict[str, Any]:
+    files = {
+        "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
+        "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
+        "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
+        "ScaledObject": "keda.sh_scaledobjects.yaml",
+    }
+    crd = yaml.safe_load((CRDS / files[kind]).read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("served", True))
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("name", ["monitoring", "autoscaling"])
+def test_custom_resources_match_their_crds(name: str) -> None:
+    found = []
+    for document in documents(render(VALUE_SETS[name])):
+        if document["kind"] in {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}:
+            found.append(document["kind"])
+            errors = list(jsonschema.Draft7Validator(_crd_schema(document["kind"])).iter_errors(document))
+            assert not errors, [e.message for e in errors]
+    assert found
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
+    pods = containers(render(VALUE_SETS[name]))
+    vllm = flags(pods["vllm"]["args"])
+    sidecar_args = pods["kv-sidecar"]["args"]
+    sidecar = flags(sidecar_args)
+    for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
+                 "--tensor-parallel-size", "--max-num-batched-tokens", "--block-size"):  # fmt: skip
+        assert vllm.get(flag) == sidecar.get(flag), flag
+    assert sidecar["--model"] == vllm["--model"]
+    assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
+    expected_weights = {"awq": "int4", "gptq": "int4", "fp8": "fp8"}.get(str(vllm.get("--quantization", "")))
+    assert sidecar.get("--weight-dtype") == expected_weights
+    args = build_parser().parse_args(sidecar_args)  # the sidecar accepts every flag the chart renders
+    assert args.command == "run"
+    gpus = pods["vllm"]["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == int(str(vllm["--tensor-parallel-size"]))
+
+
+def test_prometheus_rule_is_the_alerts_file_and_dashboards_are_the_json() -> None:
+    rendered = render(VALUE_SETS["monitoring"])
+    rules = yaml.safe_load((ROOT / "alerts" / "kv-sidecar.rules.yaml").read_text())
+    rule = next(d for d in documents(rendered) if d["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == rules["groups"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    maps = [d for d in documents(rendered) if d["kind"] == "ConfigMap"]
+    by_file = {key: value for m in maps for key, value in m["data"].items()}
+    originals = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
+    assert set(by_file) == set(originals)
+    for key, text in by_file.items():
+        assert json.loads(text) == json.loads(originals[key])
+        assert text == originals[key].rstrip("\n")
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+
+
+def test_chart_copies_are_the_project_files() -> None:
+    assert (CHART / "files" / "kv-sidecar.rules.yaml").read_bytes() == (
+        ROOT / "alerts" / "kv-sidecar.rules.yaml"
+    ).read_bytes()
+    copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
+    assert copies == {p.name: p.read_bytes() for p in (ROOT / "dashboards").glob("*.json")}, (
+        "run scripts/sync-chart-files"
+    )
+
+
+def test_pod_shape() -> None:
+    rendered = render({})
+    deployment = next(d for d in documents(rendered) if d["kind"] == "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    pods = containers(rendered)
+    security = pods["kv-sidecar"]["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["seccompProfile"]["type"] == "RuntimeDefault"
+    tmp_mount = {"name": "sidecar-tmp", "mountPath": "/tmp"}  # noqa: S108 - the manifest's mount, not a temp file
+    assert tmp_mount in pods["kv-sidecar"]["volumeMounts"]
+    assert pods["kv-sidecar"]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pods["kv-sidecar"]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert pods["vllm"]["startupProbe"]["httpGet"]["path"] == "/health"
+    assert (
+        pods["vllm"]["startupProbe"]["failureThreshold"] * pods["vllm"]["startupProbe"]["periodSeconds"]
+        >= 600
+    )
+    drain = flags(pods["kv-sidecar"]["args"])["--drain-timeout"]
+    assert spec["terminationGracePeriodSeconds"] > int(str(drain).removesuffix("s"))
+    service = next(d for d in documents(rendered) if d["kind"] == "Service")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["http"]["targetPort"] == "proxy"
+    assert set(ports) == {"http", "admin"}  # vLLM's own port stays inside the pod
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in pods["kv-sidecar"]["env"]}
+    nvml = containers(render(VALUE_SETS["fp8-kv"]))["kv-sidecar"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in nvml["env"]
+    assert flags(nvml["args"])["--nvml"] == "auto"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"vllm": {"gpuMemoryUtilization": 1.5}},
+        {"vllm": {"maxModelLen": "32k"}},
+        {"vllm": {"tensorParallelSize": 0}},
+        {"vllm": {"kvCacheDtype": "fp4"}},
+        {"vllm": {"port": 70000}},
+        {"sidecar": {"admission": {"onPressure": "drop"}}},
+        {"sidecar": {"admission": {"pressureWindow": "soon"}}},
+        {"sidecar": {"gpuMemory": "lots"}},
+        {"replicaCount": -1},
+        {"model": {"name": ""}},
+        {"monitoring": {"podMonitor": {"enabled": "yes"}}},
+        {"unknownKey": 1},
+    ],
+)
+def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
+        chart.validate_schema(values)
+
+
+def test_schema_accepts_every_value_set() -> None:
+    with helm.Chart.load(str(CHART)) as chart:
+        for values in VALUE_SETS.values():
+            chart.validate_schema(values)
