@@ -47,6 +47,9 @@ from sidecar.server.proxy import Proxy, ProxyMetrics, ProxySettings
 
 _EVERYWHERE = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
 DRAIN_POLL_SECONDS = 0.05
+KEEPALIVE_SECONDS = 75.0  # idle keep-alive connections are closed after this (aiohttp's default is an hour)
+MAX_LINE_BYTES = 8190  # request line and each header line
+MAX_HEADERS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,8 @@ class RunOptions:
     body_timeout: float = 30.0
     tenant_header: str = "X-Tenant-Id"
     tokenizer_model: str | None = None
+    admin_token: str | None = None
+    upstream_timeout: float = 900.0
 
 
 def _bound_port(site: web.TCPSite, requested: int) -> int:
@@ -122,6 +127,7 @@ class SidecarApp:
                     body_timeout=options.body_timeout,
                     queue_timeout=options.queue.timeout,
                     tenant_header=options.tenant_header,
+                    upstream_timeout=options.upstream_timeout,
                 ),
                 self.controller,
                 counter or load_counter(options.tokenizer_model),
@@ -168,6 +174,10 @@ class SidecarApp:
             handle_signals=False,
             handler_cancellation=cancel_on_disconnect,
             shutdown_timeout=1.0,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
         )
         await runner.setup()
         self._runners.append(runner)
@@ -188,7 +198,14 @@ class SidecarApp:
             nvml=self.nvml,
             on_round=self._after_scrape,
         )
-        admin = build_admin_app(self.monitor, self.registry, self.lifecycle, self.clock, self.controller)
+        admin = build_admin_app(
+            self.monitor,
+            self.registry,
+            self.lifecycle,
+            self.clock,
+            self.controller,
+            token=self.options.admin_token,
+        )
         self.admin_port = await self._serve(admin, self.options.admin_listen, cancel_on_disconnect=False)
         if self.proxy is not None:
             await self.proxy.start()

@@ -187,6 +187,16 @@ def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--tenant-header", default="X-Tenant-Id", help="header naming the tenant (else a hash of the API key)"
     )
+    add(
+        "--upstream-timeout",
+        type=_positive_duration,
+        default=900.0,
+        help="longest silence from vLLM (504 after)",
+    )
+    add(
+        "--admin-token",
+        help="bearer token for the admin endpoints but the probes (prefer KV_SIDECAR_ADMIN_TOKEN)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -367,6 +377,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         tenant_header=args.tenant_header,
         tokenizer_model=args.model,
+        admin_token=args.admin_token or None,
+        upstream_timeout=args.upstream_timeout,
     )
     app = SidecarApp(
         options, inputs, monitor_settings_from_args(args, inputs), make_logger(level=args.log_level)

@@ -62,6 +62,8 @@ class FakeVllmState:
     model: str = "tiny"
     metrics_requests: int = 0
     generation_status: int = 200
+    die_after_chunks: int | None = None  # close the connection mid-stream (the engine died)
+    drop_before_answer: bool = False  # close the connection before answering
     response_delay: float = 0.0
     stream_chunks: int = 3
     chunk_delay: float = 0.0
@@ -108,6 +110,9 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:
         state.running += 1
         state.peak_running = max(state.peak_running, state.running)
         try:
+            if state.drop_before_answer and request.transport is not None:
+                request.transport.close()
+                return web.Response(status=200)
             if state.generation_status != 200:
                 return web.json_response(
                     {
@@ -126,6 +131,10 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:
                 )
                 await response.prepare(request)
                 for index in range(state.stream_chunks):
+                    if state.die_after_chunks is not None and index == state.die_after_chunks:
+                        assert request.transport is not None
+                        request.transport.close()
+                        return response
                     chunk = {
                         "id": "cmpl-1",
                         "object": "text_completion",

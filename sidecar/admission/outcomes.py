@@ -39,10 +39,13 @@ class Reason(StrEnum):
     QUEUE_FULL = "queue-full"
     QUEUE_TIMEOUT = "queue-timeout"
     ENGINE_UNAVAILABLE = "engine-unavailable"
+    ENGINE_ERROR = "engine-error"
+    ENGINE_TIMEOUT = "engine-timeout"
     DRAINING = "draining"
     CONTEXT_LENGTH_EXCEEDED = "context-length-exceeded"
     BODY_TOO_LARGE = "body-too-large"
     BODY_TIMEOUT = "body-timeout"
+    HEADERS_TOO_LARGE = "headers-too-large"
     INVALID_REQUEST = "invalid-request"
     CLIENT_DISCONNECTED = "client-disconnected"
 
@@ -64,10 +67,13 @@ _STATUS = {
     Reason.QUEUE_FULL: 429,
     Reason.QUEUE_TIMEOUT: 503,
     Reason.ENGINE_UNAVAILABLE: 503,
+    Reason.ENGINE_ERROR: 502,
+    Reason.ENGINE_TIMEOUT: 504,
     Reason.DRAINING: 503,
     Reason.CONTEXT_LENGTH_EXCEEDED: 400,
     Reason.BODY_TOO_LARGE: 413,
     Reason.BODY_TIMEOUT: 408,
+    Reason.HEADERS_TOO_LARGE: 431,
     Reason.INVALID_REQUEST: 400,
     Reason.CLIENT_DISCONNECTED: 499,
 }
@@ -76,10 +82,13 @@ _TYPE = {
     Reason.QUEUE_FULL: "rate_limit_error",
     Reason.QUEUE_TIMEOUT: "service_unavailable_error",
     Reason.ENGINE_UNAVAILABLE: "service_unavailable_error",
+    Reason.ENGINE_ERROR: "api_error",
+    Reason.ENGINE_TIMEOUT: "timeout_error",
     Reason.DRAINING: "service_unavailable_error",
     Reason.CONTEXT_LENGTH_EXCEEDED: "invalid_request_error",
     Reason.BODY_TOO_LARGE: "invalid_request_error",
     Reason.BODY_TIMEOUT: "invalid_request_error",
+    Reason.HEADERS_TOO_LARGE: "invalid_request_error",
     Reason.INVALID_REQUEST: "invalid_request_error",
     Reason.CLIENT_DISCONNECTED: "client_disconnected",
     Reason.ADMITTED: "",

@@ -111,7 +111,10 @@ class FairQueue(Generic[T]):
             return False
         self._account(entry)
         self._garbage += 1
-        if self._garbage > max(64, self._size):
+        if self._size == 0:
+            self._bands.clear()
+            self._garbage = 0
+        elif self._garbage > max(64, self._size):
             self._compact()
         return True
 

@@ -1,5 +1,9 @@
 """The admin server: ``/metrics``, ``/healthz``, ``/readyz``, ``/budget``, ``/status``.
 
+With ``--admin-token`` every endpoint but the probes (``/healthz``, ``/readyz``) needs
+``Authorization: Bearer <token>`` (compared in constant time); give the token through the
+``KV_SIDECAR_ADMIN_TOKEN`` environment variable rather than the command line, where ``ps`` shows it.
+
 It runs on its own port, apart from client traffic. ``/readyz`` answers 200 while the sidecar can
 serve: not draining, and the engine reachable (or the stale policy is ``open``, so the sidecar
 passes traffic through even when it cannot see the engine). Handlers only read the monitor.
@@ -7,18 +11,23 @@ passes traffic through even when it cannot see the engine). Handlers only read t
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar import __version__
 from sidecar.admission.controller import AdmissionController
 from sidecar.budget.report import ledger_to_dict
 from sidecar.monitor.monitor import Monitor
+
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+"""Admin paths that stay open with ``--admin-token``: kubelet probes send no credentials."""
 
 
 @dataclass(slots=True)
@@ -109,14 +118,15 @@ def status_document(
     }
 
 
-def build_admin_app(
+def build_admin_app(  # noqa: PLR0917 - the app's collaborators, each passed explicitly
     monitor: Monitor,
     registry: CollectorRegistry,
     lifecycle: Lifecycle,
     clock: Callable[[], float],
     controller: AdmissionController | None = None,
+    token: str | None = None,
 ) -> web.Application:
-    """The aiohttp application serving the admin endpoints."""
+    """The aiohttp application serving the admin endpoints (``token``: bearer token but for the probes)."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -138,7 +148,20 @@ def build_admin_app(
     async def status(_: web.Request) -> web.Response:
         return web.json_response(status_document(monitor, lifecycle, clock(), controller))
 
-    app = web.Application()
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is None or request.path in PROBE_PATHS:
+            return await handler(request)
+        supplied = request.headers.get("Authorization", "")
+        if hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode()):
+            return await handler(request)
+        return web.json_response(
+            {"error": "a bearer token is required (--admin-token)"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="kv-sidecar"'},
+        )
+
+    app = web.Application(middlewares=[require_token])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -83,8 +83,10 @@ class ProxySettings:
 
     upstream: str
     max_body_bytes: int = 16 * MIB
+    max_header_bytes: int = 64 * 1024
     body_timeout: float = 30.0
     connect_timeout: float = 5.0
+    upstream_timeout: float = 900.0  # longest silence from the engine: before its answer, or between chunks
     queue_timeout: float = 30.0
     tenant_header: str = "X-Tenant-Id"
     priority_header: str = "X-KV-Sidecar-Priority"
@@ -194,7 +196,9 @@ class Proxy:
         """Open the shared upstream session."""
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.settings.connect_timeout, sock_read=self.settings.upstream_timeout
+            ),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
@@ -209,6 +213,27 @@ class Proxy:
         application = web.Application(client_max_size=self.settings.max_body_bytes)
         application.router.add_route("*", "/{tail:.*}", self.handle)
         return application
+
+    def _precheck(self, request: web.Request) -> RefusedError | None:
+        """Refusals decided from the request line and headers alone, before reading the body."""
+        if self.lifecycle.draining:
+            return RefusedError(
+                Reason.DRAINING,
+                "the sidecar is shutting down; retry on another replica",
+                retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0),
+            )
+        header_bytes = sum(len(k) + len(v) for k, v in request.raw_headers)
+        limit = self.settings.max_header_bytes
+        if header_bytes > limit:
+            return RefusedError(
+                Reason.HEADERS_TOO_LARGE,
+                f"request headers take {header_bytes} bytes; at most {limit} are allowed",
+            )
+        if request.content_length is not None and request.content_length > self.settings.max_body_bytes:
+            return RefusedError(
+                Reason.BODY_TOO_LARGE, f"the request body exceeds {self.settings.max_body_bytes} bytes"
+            )
+        return None
 
     async def _read_body(self, request: web.Request) -> bytes:
         if not request.body_exists:
@@ -248,19 +273,12 @@ class Proxy:
         self.open_requests += 1
         ticket: Ticket | None = None
         try:
-            if self.lifecycle.draining:
+            refusal = self._precheck(request)
+            if refusal is not None:
                 if generation:
-                    self.controller.count(Outcome.REFUSED, Reason.DRAINING, Lane.SHORT)
-                return error_response(
-                    RefusedError(Reason.DRAINING, "the sidecar is shutting down; retry on another replica",
-                                 retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0))
-                )  # fmt: skip
+                    self.controller.count(Outcome.REFUSED, refusal.reason, Lane.SHORT)
+                return error_response(refusal)
             try:
-                if (
-                    request.content_length is not None
-                    and request.content_length > self.settings.max_body_bytes
-                ):
-                    raise _BodyTooLargeError
                 body = await self._read_body(request)
             except _BodyTooLargeError:
                 return self._refuse_early(
@@ -312,7 +330,8 @@ class Proxy:
             self.controller.count(Outcome.REFUSED, reason, Lane.SHORT)
         return error_response(RefusedError(reason, message))
 
-    async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | None:
+    async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | RefusedError:
+        """The upstream's response (headers received), or the refusal to answer with instead."""
         assert self._session is not None  # noqa: S101 - start() runs before serving
         headers = _forward_headers(request.headers, request.remote)
         url = self._base + str(request.rel_url)
@@ -324,19 +343,32 @@ class Proxy:
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: safe to retry once
                 if attempt == 2:
                     self.log.warning("upstream_unavailable", error=f"{type(exc).__name__}: {exc}")
-        return None
+            except TimeoutError:  # bytes were sent: never retried
+                self.log.warning(
+                    "upstream_timeout", path=request.path, timeout=self.settings.upstream_timeout
+                )
+                return RefusedError(
+                    Reason.ENGINE_TIMEOUT,
+                    f"the engine did not answer within {self.settings.upstream_timeout:g}s",
+                )
+            except aiohttp.ClientError as exc:
+                self.log.warning("upstream_failed", error=f"{type(exc).__name__}: {exc}", path=request.path)
+                return RefusedError(Reason.ENGINE_ERROR, "the engine closed the connection without an answer")
+        return RefusedError(
+            Reason.ENGINE_UNAVAILABLE, "the engine is not reachable", retry_after=self._engine_retry_after()
+        )
 
     async def _forward(
         self, request: web.Request, body: bytes, ticket: Ticket | None, *, lane: str, started: float
     ) -> web.StreamResponse:
         upstream = await self._connect(request, body)
-        if upstream is None:
-            if ticket is not None:
-                self.controller.count(Outcome.REFUSED, Reason.ENGINE_UNAVAILABLE, ticket.lane)
-            return error_response(
-                RefusedError(Reason.ENGINE_UNAVAILABLE, "the engine is not reachable",
-                             retry_after=self._engine_retry_after())
-            )  # fmt: skip
+        if isinstance(upstream, RefusedError):
+            if ticket is not None:  # engine-unavailable: never sent; engine-error/-timeout: sent, no answer
+                outcome = (
+                    Outcome.REFUSED if upstream.reason is Reason.ENGINE_UNAVAILABLE else Outcome.ADMITTED
+                )
+                self.controller.count(outcome, upstream.reason, ticket.lane)
+            return error_response(upstream)
         if ticket is not None:
             self.controller.count(
                 Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED, ticket.lane
@@ -353,7 +385,10 @@ class Proxy:
                         self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
                         first = False
                     await response.write(chunk)
-            except aiohttp.ClientError as exc:  # the engine broke off mid-response: so must we
+            except (
+                aiohttp.ClientError,
+                TimeoutError,
+            ) as exc:  # the engine broke off mid-response: so must we
                 self.log.warning(
                     "upstream_broke_off", error=f"{type(exc).__name__}: {exc}", path=request.path
                 )

@@ -17,7 +17,7 @@ from sidecar.cli import build_parser
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "kv-sidecar"
-CRDS = ROOT.parent / "shared" / "crds"
+CRDS = ROOT / "tests" / "data" / "crds"  # copies of the team's shared/crds (provenance in their README)
 K8S_VERSION = "1.30"
 pytestmark = pytest.mark.system
 
