@@ -1,7 +1,8 @@
 """A fast stand-in for vLLM, for benchmarks: fixed completions, SSE streams that carry their send time.
 
-Run: ``python -m bench.fast_upstream PORT [KV_USAGE]``. ``/metrics`` serves a recorded real vLLM page
-with ``vllm:kv_cache_usage_perc`` set to KV_USAGE (default 0.1), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
+Run: ``python -m bench.fast_upstream PORT [KV_USAGE | cycle:SECONDS]``. ``/metrics`` serves a recorded
+real vLLM page with ``vllm:kv_cache_usage_perc`` set to KV_USAGE (default 0.1), or alternating between
+0.3 and 0.95 every SECONDS (pressure cycles for the soak), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
 JSON at once, or (``"stream": true``) sends ``chunks`` SSE events whose first carries
 ``time.monotonic()`` at the moment of sending (the clock is system-wide on Linux, so the client can
 subtract it).
@@ -9,6 +10,7 @@ subtract it).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -25,6 +27,8 @@ ANSWER = json.dumps(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
+    if delay := body.get("delay"):  # the soak's "long" requests take a while, like real generation
+        await asyncio.sleep(float(delay))
     if not body.get("stream"):
         return web.Response(body=ANSWER, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -49,10 +53,16 @@ async def models(_: web.Request) -> web.Response:
 
 
 def main() -> None:
-    text = page(float(sys.argv[2]) if len(sys.argv) > 2 else 0.1)
+    setting = sys.argv[2] if len(sys.argv) > 2 else "0.1"
+    cycle = float(setting.removeprefix("cycle:")) if setting.startswith("cycle:") else None
+    fixed = page(float(setting)) if cycle is None else ""
+    calm, pressed = page(0.3), page(0.95)
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text, content_type="text/plain")
+        if cycle is None:
+            return web.Response(text=fixed, content_type="text/plain")
+        under_pressure = int(time.monotonic() / cycle) % 2 == 1  # pressure cycles: calm, pressed, calm, ...
+        return web.Response(text=pressed if under_pressure else calm, content_type="text/plain")
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)

@@ -141,7 +141,7 @@ async def run_spike(
     target: str, engine: str, config: SpikeConfig, label: str, progress: bool = False
 ) -> SpikeReport:
     """Send one spike to ``target`` while watching ``engine``'s metrics."""
-    rng = random.Random(config.seed)  # noqa: S311 - a reproducible workload, not cryptography
+    rng = random.Random(config.seed)
     kinds = ["long"] * config.long_requests + ["short"] * config.short_requests
     rng.shuffle(kinds)
     starts = sorted(rng.uniform(0, config.spread_seconds) for _ in kinds)
