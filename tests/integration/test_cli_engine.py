@@ -202,3 +202,54 @@ async def test_sigterm_drains_a_stream_then_exits_zero(fake_vllm: FakeVllm) -> N
     assert proc.returncode == 0, err.decode()
     events = [json.loads(line)["event"] for line in err.decode().splitlines()]
     assert events[-2:] == ["draining", "stopped"] or events[-1] == "stopped"
+
+
+async def test_sigterm_under_load_loses_no_accepted_request(fake_vllm: FakeVllm) -> None:
+    import aiohttp  # noqa: PLC0415
+
+    fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 15, 0.1
+    fake_vllm.state.set_kv_usage(0.95)
+    admin, proxy = _free_port(), _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", f"127.0.0.1:{proxy}",
+        "--admin-listen", f"127.0.0.1:{admin}", "--scrape-interval", "100ms", "--nvml", "off",
+        "--pressure-window", "300ms", "--drain-timeout", "5s", "--long-prompt-tokens", "100",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{proxy}"
+    try:
+        await _wait_for_admin(f"http://127.0.0.1:{admin}")
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 10
+            while True:
+                async with session.get(f"http://127.0.0.1:{admin}/status") as r:
+                    if (await r.json())["admission"]["pressure"]["effective"] == "pressure":
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+
+            async def stream() -> bytes:
+                async with session.post(base + "/v1/completions", json={"prompt": [1], "stream": True}) as r:
+                    assert r.status == 200
+                    return await r.read()
+
+            async def queued() -> tuple[int, str]:
+                async with session.post(base + "/v1/completions", json={"prompt": list(range(200))}) as r:
+                    return r.status, r.headers.get("X-KV-Sidecar-Reason", "")
+
+            streams = [asyncio.create_task(stream()) for _ in range(8)]
+            waiting = [asyncio.create_task(queued()) for _ in range(5)]
+            await asyncio.sleep(0.4)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            bodies = await asyncio.wait_for(asyncio.gather(*streams), 10)
+            refusals = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+        await asyncio.wait_for(proc.wait(), 10)
+        assert time.monotonic() - started < 5.5
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)  # every accepted stream finished
+    assert refusals == [(503, "draining")] * 5  # every queued request was answered, none lost

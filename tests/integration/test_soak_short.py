@@ -16,7 +16,19 @@ pytestmark = pytest.mark.integration
 def test_short_soak_with_pressure_cycles(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--seconds", "20", "--cycle", "4", "--workers", "12", "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "bench.soak",
+            "--seconds",
+            "20",
+            "--cycle",
+            "4",
+            "--workers",
+            "12",
+            "--json",
+            str(out),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

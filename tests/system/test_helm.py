@@ -24,6 +24,7 @@ pytestmark = pytest.mark.system
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "monitoring": {
+        "sidecar": {"adminToken": {"secretName": "kv-admin"}},
         "monitoring": {
             "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
             "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
@@ -151,6 +152,16 @@ def test_prometheus_rule_is_the_alerts_file_and_dashboards_are_the_json() -> Non
         assert json.loads(text) == json.loads(originals[key])
         assert text == originals[key].rstrip("\n")
     assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+
+
+def test_admin_token_comes_from_a_secret_and_the_monitors_send_it() -> None:
+    rendered = render(VALUE_SETS["monitoring"])
+    env = {e["name"]: e for e in containers(rendered)["kv-sidecar"]["env"]}
+    assert env["KV_SIDECAR_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "kv-admin", "key": "token"}
+    pod_monitor = next(d for d in documents(rendered) if d["kind"] == "PodMonitor")
+    admin = next(e for e in pod_monitor["spec"]["podMetricsEndpoints"] if e["port"] == "admin")
+    assert admin["authorization"]["credentials"] == {"name": "kv-admin", "key": "token"}
+    assert "KV_SIDECAR_ADMIN_TOKEN" not in {e["name"] for e in containers(render({}))["kv-sidecar"]["env"]}
 
 
 def test_chart_copies_are_the_project_files() -> None:
