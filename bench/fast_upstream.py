@@ -34,10 +34,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     chunks = int(body.get("chunks", 1))
-    await response.write(f'data: {{"sent": {time.monotonic()!r}}}\n\n'.encode())
-    for _ in range(chunks - 1):
-        await response.write(b'data: {"choices": [{"text": "t"}]}\n\n')
-    await response.write(b"data: [DONE]\n\n")
+    try:
+        await response.write(f'data: {{"sent": {time.monotonic()!r}}}\n\n'.encode())
+        for _ in range(chunks - 1):
+            await response.write(b'data: {"choices": [{"text": "t"}]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+    except ConnectionResetError:  # the client (or the proxy on its behalf) went away: an engine aborts too
+        pass
     return response
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.vllm_harness import ROOT, free_port
+from bench.vllm_harness import ROOT, free_port, wait_http
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -44,20 +44,6 @@ def rss_bytes(pid: int) -> int:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def wait_http(url: str, within: float = 30) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
 
 
 async def worker(
@@ -100,7 +86,7 @@ async def worker(
                     await r.content.readany()  # read one chunk, then go away
             elif kind == "giveup":
                 async with (
-                    asyncio.timeout(rng.uniform(0.05, 0.5)),
+                    asyncio.timeout(rng.uniform(0.2, 0.6)),
                     session.post(proxy + "/v1/completions", json=body) as r,
                 ):
                     await r.read()

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.vllm_harness import ROOT, VllmServer, free_port, make_tiny_model, vllm_python
+from bench.vllm_harness import ROOT, VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 from sidecar.signals import parse_vllm_metrics
 
 RESULTS = Path(__file__).parent / "results"
@@ -229,20 +229,6 @@ def start_sidecar(engine: str, model: Path, port: int, admin: int) -> subprocess
     )  # fmt: skip
 
 
-async def _wait_http(url: str, within: float = 60) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer")
-
-
 async def compare(config: SpikeConfig, engine_url: str | None, progress: bool) -> list[dict[str, Any]]:
     """Both runs, with vLLM and the sidecar started here unless ``engine_url`` is given."""
     server: VllmServer | None = None
@@ -262,7 +248,7 @@ async def compare(config: SpikeConfig, engine_url: str | None, progress: bool) -
     proxy_port, admin_port = free_port(), free_port()
     sidecar = start_sidecar(engine_url, model, proxy_port, admin_port)
     try:
-        await _wait_http(f"http://127.0.0.1:{admin_port}/healthz")
+        await wait_http(f"http://127.0.0.1:{admin_port}/healthz")
         if progress:
             print("[3/4] the spike, straight to vLLM")
         direct = await run_spike(engine_url, engine_url, config, "direct", progress)

@@ -39,6 +39,25 @@ def make_tiny_model(python: Path, out: Path) -> Path:
     return out
 
 
+async def wait_http(url: str, within: float = 60.0) -> None:
+    """Poll ``url`` until it answers 200."""
+    import asyncio  # noqa: PLC0415 - only the async callers need it
+
+    import aiohttp  # noqa: PLC0415
+
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {within:g}s")
+
+
 def free_port() -> int:
     """An unused loopback port."""
     with socket.socket() as sock:

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sidecar import __version__
 from sidecar.budget import (
@@ -251,6 +251,25 @@ def _gpu_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
     return "custom", None
 
 
+def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The deployment flags shared by :class:`PlanRequest` and :class:`PlanInputs`, by field name."""
+    return {
+        "weight_dtype": args.weight_dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "concurrency": args.concurrency,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "block_size": args.block_size,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "activation_bytes": args.activation_memory,
+        "overhead_bytes": args.overhead_memory,
+        "kv_cache_memory_bytes": args.kv_cache_memory,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override,
+    }
+
+
 def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
     """Turn parsed ``plan`` flags into a :class:`PlanRequest`."""
     if not args.model:
@@ -265,19 +284,7 @@ def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
         gpu_memory_bytes=gpu_memory,
         model=args.model,
         gpu=gpu_name,
-        weight_dtype=args.weight_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        concurrency=args.concurrency,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        activation_bytes=args.activation_memory,
-        overhead_bytes=args.overhead_memory,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        **_deployment_settings(args),
     )
 
 
@@ -289,19 +296,7 @@ def plan_inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         model=args.model or "model",
         gpu=gpu_name,
         gpu_memory_bytes=gpu_memory,
-        weight_dtype=args.weight_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        max_model_len=args.max_model_len,
-        concurrency=args.concurrency,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        activation_bytes=args.activation_memory,
-        overhead_bytes=args.overhead_memory,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        **_deployment_settings(args),
     )
     if inputs.architecture is not None and inputs.gpu_memory_bytes is not None:
         PlanRequest(  # validate the combination now, so bad flags fail at start-up with one line

@@ -22,6 +22,22 @@ GPU_PAGE = "vllm-0.10.x-gpu-qwen3-4b-fp8.prom"
 V0_PAGE = "vllm-0.7-v0-engine-partial.prom"
 
 
+TINY_CONFIG = {  # the 2-layer Qwen2 model the real-vLLM fixtures were recorded with (512 bytes of KV per token)
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "intermediate_size": 256,
+    "vocab_size": 512,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
+
+
 def page(name: str) -> str:
     """A recorded real page."""
     return (DATA / name).read_text(encoding="utf-8")

@@ -14,8 +14,9 @@ sidecar drains (503 ``draining``). Every ticket is released exactly once, by the
 response to the client has ended, so a long stream holds its slot to the end.
 
 Everything runs on the one event loop, so no locks are needed: state changes happen between awaits.
-The controller counts the requests it answers itself (refused, dropped, cancelled); the proxy counts
-``admitted`` once the request has been handed to the engine, or ``engine-unavailable`` when it could not.
+The controller counts the requests it answers itself (refused, dropped); the proxy counts ``admitted``
+once the request has been handed to the engine, ``engine-unavailable`` when it could not, and
+``cancelled`` when the client went away first (queued or not).
 """
 
 from __future__ import annotations
@@ -253,9 +254,11 @@ class AdmissionController:
                 f"waited {wait_limit:g}s in the {lane.value} lane's queue without a slot",
                 retry_after=self.retry_after(Reason.QUEUE_TIMEOUT, lane, position),
             ) from None
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller counts the cancellation (it knows the whole request)
             if queue.remove(entry):
-                self._left_queue(waiter, Outcome.CANCELLED, Reason.CLIENT_DISCONNECTED)
+                self.metrics.queue_wait.labels(lane=waiter.lane.value).observe(
+                    self._clock() - waiter.enqueued_at
+                )
             elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 self.release(waiter.future.result(), completed=False)  # granted, but the client is gone
             raise

@@ -167,6 +167,20 @@ class _BodyTooLargeError(Exception):
     pass
 
 
+class _Account:
+    """Counts one generation request's outcome exactly once (other routes are not counted)."""
+
+    def __init__(self, controller: AdmissionController, generation: bool) -> None:
+        self._controller = controller
+        self.done = not generation
+        self.lane = Lane.SHORT
+
+    def record(self, outcome: Outcome, reason: Reason) -> None:
+        if not self.done:
+            self.done = True
+            self._controller.count(outcome, reason, self.lane)
+
+
 class Proxy:
     """The proxy handler and its upstream session."""
 
@@ -267,30 +281,26 @@ class Proxy:
         return body_priority or 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Admit (for generation routes) and forward one request."""
+        """Admit (for generation routes) and forward one request; count how it ended exactly once."""
         started = time.perf_counter()
         generation = request.method == "POST" and request.path in GENERATION_PATHS
+        account = _Account(self.controller, generation)
         self.open_requests += 1
         ticket: Ticket | None = None
         try:
             refusal = self._precheck(request)
             if refusal is not None:
-                if generation:
-                    self.controller.count(Outcome.REFUSED, refusal.reason, Lane.SHORT)
+                account.record(Outcome.REFUSED, refusal.reason)
                 return error_response(refusal)
             try:
                 body = await self._read_body(request)
             except _BodyTooLargeError:
-                return self._refuse_early(
-                    generation,
-                    Reason.BODY_TOO_LARGE,
-                    f"the request body exceeds {self.settings.max_body_bytes} bytes",
-                )
+                size = self.settings.max_body_bytes
+                return self._refuse(account, Reason.BODY_TOO_LARGE, f"the request body exceeds {size} bytes")
             except TimeoutError:
-                return self._refuse_early(
-                    generation,
-                    Reason.BODY_TIMEOUT,
-                    f"the request body did not arrive within {self.settings.body_timeout:g}s",
+                wait = self.settings.body_timeout
+                return self._refuse(
+                    account, Reason.BODY_TIMEOUT, f"the request body did not arrive within {wait:g}s"
                 )
             lane_label = "other"
             if generation:
@@ -298,7 +308,7 @@ class Proxy:
                     facts = await self._facts(request.path, body)
                     priority = self._priority(request, facts.priority)
                 except RefusedError as error:
-                    self.controller.count(Outcome.REFUSED, error.reason, Lane.SHORT)
+                    account.record(Outcome.REFUSED, error.reason)
                     return error_response(error)
                 try:
                     ticket = await self.controller.admit(
@@ -308,12 +318,17 @@ class Proxy:
                         wait_limit=self._wait_limit(request),
                     )
                 except AdmissionError as error:
+                    account.done = True  # the controller counted its own refusal or drop
                     self.log.info(
                         "refused", reason=error.reason.value, path=request.path, retry_after=error.retry_after
                     )
                     return error_response(error)
+                account.lane = ticket.lane
                 lane_label = ticket.lane.value
-            return await self._forward(request, body, ticket, lane=lane_label, started=started)
+            return await self._forward(request, body, ticket, account, lane=lane_label, started=started)
+        except asyncio.CancelledError:
+            account.record(Outcome.CANCELLED, Reason.CLIENT_DISCONNECTED)  # the client went away first
+            raise
         finally:
             self.open_requests -= 1
             if ticket is not None:
@@ -325,9 +340,8 @@ class Proxy:
             return request_facts(path, decode_json_body(body), self.counter)
         return await asyncio.to_thread(lambda: request_facts(path, decode_json_body(body), self.counter))
 
-    def _refuse_early(self, generation: bool, reason: Reason, message: str) -> web.Response:
-        if generation:
-            self.controller.count(Outcome.REFUSED, reason, Lane.SHORT)
+    def _refuse(self, account: _Account, reason: Reason, message: str) -> web.Response:
+        account.record(Outcome.REFUSED, reason)
         return error_response(RefusedError(reason, message))
 
     async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | RefusedError:
@@ -359,20 +373,23 @@ class Proxy:
         )
 
     async def _forward(
-        self, request: web.Request, body: bytes, ticket: Ticket | None, *, lane: str, started: float
+        self,
+        request: web.Request,
+        body: bytes,
+        ticket: Ticket | None,
+        account: _Account,
+        *,
+        lane: str,
+        started: float,
     ) -> web.StreamResponse:
         upstream = await self._connect(request, body)
         if isinstance(upstream, RefusedError):
-            if ticket is not None:  # engine-unavailable: never sent; engine-error/-timeout: sent, no answer
-                outcome = (
-                    Outcome.REFUSED if upstream.reason is Reason.ENGINE_UNAVAILABLE else Outcome.ADMITTED
-                )
-                self.controller.count(outcome, upstream.reason, ticket.lane)
+            # engine-unavailable: never sent; engine-error/-timeout: sent, but no answer came
+            outcome = Outcome.REFUSED if upstream.reason is Reason.ENGINE_UNAVAILABLE else Outcome.ADMITTED
+            account.record(outcome, upstream.reason)
             return error_response(upstream)
         if ticket is not None:
-            self.controller.count(
-                Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED, ticket.lane
-            )
+            account.record(Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED)
         complete = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)

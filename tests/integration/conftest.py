@@ -16,22 +16,8 @@ from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import ScrapeSettings
-from tests.fake_vllm import FakeVllm
+from tests.fake_vllm import TINY_CONFIG, FakeVllm
 
-TINY_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "intermediate_size": 256,
-    "vocab_size": 512,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 1024,
-    "tie_word_embeddings": True,
-}
 INTERVAL = 0.05
 STARTED: list[SidecarApp] = []
 """Every sidecar started by the current test (for end-of-test accounting checks)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.vllm_harness import free_port
 from tests.fake_vllm import FakeVllm
 
 pytestmark = pytest.mark.integration
@@ -68,12 +69,6 @@ async def test_check_with_the_engine_down() -> None:
     assert "engine-down" in out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _wait_for_admin(url: str) -> None:
     deadline = time.monotonic() + 20
     async with httpx.AsyncClient() as client:
@@ -98,7 +93,7 @@ async def _metric(url: str, name: str) -> float | None:
 
 
 async def test_run_no_proxy_end_to_end(fake_vllm: FakeVllm, tiny_model_dir: Path) -> None:
-    admin = f"http://127.0.0.1:{_free_port()}"
+    admin = f"http://127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
         *KV_SIDECAR, "run", "--no-proxy", "--upstream", fake_vllm.url,
         "--admin-listen", admin.removeprefix("http://"), "--scrape-interval", "100ms",
@@ -167,7 +162,7 @@ async def test_bad_engine_flags(args: list[str], message: str) -> None:
 async def test_sigterm_drains_a_stream_then_exits_zero(fake_vllm: FakeVllm) -> None:
     fake_vllm.state.set_kv_usage(0.1)
     fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 10, 0.1
-    admin, proxy = _free_port(), _free_port()
+    admin, proxy = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", f"127.0.0.1:{proxy}",
         "--admin-listen", f"127.0.0.1:{admin}", "--scrape-interval", "100ms", "--nvml", "off", "--drain-timeout", "5s",
@@ -209,7 +204,7 @@ async def test_sigterm_under_load_loses_no_accepted_request(fake_vllm: FakeVllm)
 
     fake_vllm.state.stream_chunks, fake_vllm.state.chunk_delay = 15, 0.1
     fake_vllm.state.set_kv_usage(0.95)
-    admin, proxy = _free_port(), _free_port()
+    admin, proxy = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", f"127.0.0.1:{proxy}",
         "--admin-listen", f"127.0.0.1:{admin}", "--scrape-interval", "100ms", "--nvml", "off",

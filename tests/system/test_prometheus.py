@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.vllm_harness import free_port
 from dashboards.generate import DASHBOARDS
 from sidecar.admission.pressure import PressureSettings
 from sidecar.app import RunOptions, SidecarApp
@@ -28,21 +29,12 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import ScrapeSettings
 from sidecar.units import GIB
-from tests.fake_vllm import FakeVllm
-from tests.integration.conftest import TINY_CONFIG
+from tests.fake_vllm import TINY_CONFIG, FakeVllm
 from tests.system.test_rules_and_dashboards import RULES, substitute
 from tests.unit.test_nvml_and_metrics import FakeNvml
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.system
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -70,7 +62,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
         nvml_module=FakeNvml(),
     )
     await app.start()
-    port = _free_port()
+    port = free_port()
     labels = {"namespace": "test", "pod": "kv-0"}
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},

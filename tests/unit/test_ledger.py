@@ -11,19 +11,9 @@ from sidecar.budget import PlanRequest, Verdict, advise, architecture_from_confi
 from sidecar.budget.ledger import DEFAULT_ACTIVATION_BYTES, TIGHT_HEADROOM_FRACTION, estimate_activation_bytes
 from sidecar.errors import UsageError
 from sidecar.units import GIB, MIB
+from tests.fake_vllm import TINY_CONFIG
 
-TINY = {  # the 2-layer Qwen2 model the real-vLLM fixtures were recorded with
-    "model_type": "qwen2",
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-    "intermediate_size": 256,
-    "vocab_size": 512,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 1024,
-}
+TINY = TINY_CONFIG
 
 
 def test_tiny_model_matches_the_real_vllm_startup_log() -> None:

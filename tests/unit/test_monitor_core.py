@@ -13,22 +13,9 @@ from sidecar.monitor.history import Observation, SignalHistory
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request
 from sidecar.signals import parse_vllm_metrics
 from sidecar.units import GIB
-from tests.fake_vllm import PRESSURE_PAGE, page, substitute_label
+from tests.fake_vllm import PRESSURE_PAGE, TINY_CONFIG, page, substitute_label
 
-TINY = architecture_from_config(
-    {
-        "model_type": "qwen2",
-        "num_hidden_layers": 2,
-        "hidden_size": 128,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 64,
-        "intermediate_size": 256,
-        "vocab_size": 512,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 1024,
-    }
-)
+TINY = architecture_from_config(TINY_CONFIG)
 
 
 def history_of(*points: tuple[float, float | None, float | None, float | None]) -> SignalHistory:
