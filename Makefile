@@ -54,9 +54,10 @@ test: lint typecheck
 	$(BIN)/python -m dashboards.generate --check
 	$(BIN)/pytest -q
 
-## dashboards: regenerate dashboards/*.json from dashboards/generate.py
+## dashboards: regenerate dashboards/*.json from dashboards/generate.py, and the chart's copies
 dashboards: setup
 	$(BIN)/python -m dashboards.generate
+	scripts/sync-chart-files
 
 format: setup
 	$(BIN)/ruff format $(LINT_PATHS)
