@@ -8,7 +8,8 @@ the event loop at a 50 ms scrape interval. :func:`scan` instead splits the page 
 (on ``\\n`` only, a trailing ``\\r`` stripped: ``str.splitlines`` would also split inside label
 values at U+0085 or U+2028), drops comments at once, and tests each remaining line against the
 wanted names with one ``str.startswith(tuple)`` call (C speed); only lines that match are
-parsed: the name, the label block (with ``\\\\``, ``\\"`` and ``\\n`` escapes), the value
+parsed: the name, the label block (one compiled pattern when it has no escapes; otherwise a
+pair-by-pair parser that understands ``\\\\``, ``\\"`` and ``\\n``), the value
 (``NaN``, ``+Inf``, ``-Inf`` included) and an optional timestamp, which is ignored.
 
 Samples repeated with the same name and labels (as in some captures) keep the last value.
@@ -60,6 +61,11 @@ def _unescape(value: str) -> str:
         if "\\" in value
         else value
     )
+
+
+_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"[^"\\]*"'
+_SIMPLE_SAMPLE = re.compile(rf"\{{[ \t]*((?:{_PAIR}[ \t]*,[ \t]*)*(?:{_PAIR}[ \t]*,?)?)[ \t]*\}}([ \t].*)")
+_SIMPLE_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*)"')
 
 
 def _parse_labels(line: str, start: int, lineno: int) -> tuple[tuple[tuple[str, str], ...], int]:
@@ -138,8 +144,12 @@ def scan(text: str, names: Collection[str]) -> list[Sample]:
             name = line[:brace]
             if name not in wanted_set:
                 continue
-            labels, end = _parse_labels(line, brace, lineno)
-            rest = line[end:]
+            simple = _SIMPLE_SAMPLE.fullmatch(line, brace)  # no escapes: the whole label set in one C pass
+            if simple is not None:
+                labels, rest = tuple(sorted(_SIMPLE_PAIR.findall(simple.group(1)))), simple.group(2)
+            else:
+                labels, end = _parse_labels(line, brace, lineno)
+                rest = line[end:]
         else:
             if space < 0:
                 raise MetricsParseError(f"line {lineno}: sample without a value")
