@@ -128,6 +128,23 @@ class EngineValues:
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
 
 
+class _Summed:
+    """A read-only attribute: one :class:`EngineValues` field summed over engines (``None`` if absent)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._field = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._field = name
+
+    def __get__(self, snapshot: EngineSnapshot | None, owner: type | None = None) -> float | None:
+        if snapshot is None:
+            return None
+        present = [v for e in snapshot.engines.values() if (v := getattr(e, self._field)) is not None]
+        return math.fsum(present) if present else None
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     """What one scrape of vLLM's ``/metrics`` said, per engine and aggregated."""
@@ -137,11 +154,6 @@ class EngineSnapshot:
     cache_config: CacheConfig | None
     kv_usage_metric: str | None  # which name the KV usage came from; None when the page had neither
 
-    def _sum(self, attribute: str) -> float | None:
-        values = [getattr(e, attribute) for e in self.engines.values()]
-        present = [v for v in values if v is not None]
-        return math.fsum(present) if present else None
-
     @property
     def kv_usage(self) -> float | None:
         """KV-cache usage in [0, 1]: the most saturated engine's."""
@@ -150,45 +162,14 @@ class EngineSnapshot:
         ]
         return max(values) if values else None
 
-    @property
-    def running(self) -> float | None:
-        """Requests running, summed over engines."""
-        return self._sum("running")
-
-    @property
-    def waiting(self) -> float | None:
-        """Requests waiting, summed over engines."""
-        return self._sum("waiting")
-
-    @property
-    def swapped(self) -> float | None:
-        """Requests swapped to CPU (V0 engines only), summed."""
-        return self._sum("swapped")
-
-    @property
-    def preemptions_total(self) -> float | None:
-        """Preemptions since the engine started, summed."""
-        return self._sum("preemptions_total")
-
-    @property
-    def prompt_tokens_total(self) -> float | None:
-        """Prompt tokens processed, summed."""
-        return self._sum("prompt_tokens_total")
-
-    @property
-    def generation_tokens_total(self) -> float | None:
-        """Tokens generated, summed."""
-        return self._sum("generation_tokens_total")
-
-    @property
-    def prefix_cache_queries_total(self) -> float | None:
-        """Prefix-cache lookups (tokens), summed."""
-        return self._sum("prefix_cache_queries_total")
-
-    @property
-    def prefix_cache_hits_total(self) -> float | None:
-        """Prefix-cache hits (tokens), summed."""
-        return self._sum("prefix_cache_hits_total")
+    running = _Summed("Requests running, summed over engines.")
+    waiting = _Summed("Requests waiting, summed over engines.")
+    swapped = _Summed("Requests swapped to CPU (V0 engines only), summed.")
+    preemptions_total = _Summed("Preemptions since the engine started, summed.")
+    prompt_tokens_total = _Summed("Prompt tokens processed, summed.")
+    generation_tokens_total = _Summed("Tokens generated, summed.")
+    prefix_cache_queries_total = _Summed("Prefix-cache lookups (tokens), summed.")
+    prefix_cache_hits_total = _Summed("Prefix-cache hits (tokens), summed.")
 
     @property
     def waiting_by_reason(self) -> dict[str, float]:
