@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -391,3 +393,44 @@ async def test_every_request_is_accounted_for(fake_vllm: FakeVllm, proxied: Runn
     counts = await admission_counts(proxied)
     assert sum(counts.values()) == len(sent)
     assert counts["admitted"] == 30
+
+
+@pytest.fixture
+def qwen_tokenizer_model(tmp_path: Path) -> Path:
+    """The tiny model's config.json beside the real Qwen3 tokenizer.json (fetched by scripts/fetch-tokenizer)."""
+    import json  # noqa: PLC0415
+
+    from tests.fake_vllm import TINY_CONFIG  # noqa: PLC0415
+
+    root = Path(__file__).parents[2]
+    fetched = subprocess.run(
+        [str(root / "scripts/fetch-tokenizer")], capture_output=True, text=True, check=True
+    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (model / "tokenizer.json").write_bytes(Path(fetched.stdout.strip()).read_bytes())
+    return model
+
+
+async def test_exact_counts_with_the_models_tokenizer(
+    fake_vllm: FakeVllm, qwen_tokenizer_model: Path
+) -> None:
+    """With --model pointing at a directory holding tokenizer.json, text prompts are counted exactly
+    (in a worker thread from 4 KiB on) and a text prompt that can never fit gets 400 before vLLM."""
+    running = await start_sidecar(fake_vllm.url, proxy=True, tokenizer_model=str(qwen_tokenizer_model))
+    try:
+        assert running.app.proxy is not None
+        assert running.app.proxy.counter.exact
+        await eventually(lambda: _max_model_len_known(running))
+        text = ENGLISH  # 313 tokens by the Qwen tokenizer
+        assert (await post(running.proxy, text))[0] == 200  # 313 + 16 fit 1,024
+        code, headers, body = await post(running.proxy, text * 4)  # 1,252 + 16 do not; 6 KB: counted off-loop
+        assert (code, headers["X-KV-Sidecar-Reason"]) == (400, "context-length-exceeded")
+        assert "1268 tokens" in body["error"]["message"]
+        assert fake_vllm.state.generation_requests == 1
+    finally:
+        await running.app.stop()
+
+
+ENGLISH = (Path(__file__).parents[1] / "data" / "text" / "english.txt").read_text()
