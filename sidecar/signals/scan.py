@@ -63,9 +63,10 @@ def _unescape(value: str) -> str:
     )
 
 
-_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"[^"\\]*"'
-_SIMPLE_SAMPLE = re.compile(rf"\{{[ \t]*((?:{_PAIR}[ \t]*,[ \t]*)*(?:{_PAIR}[ \t]*,?)?)[ \t]*\}}([ \t].*)")
-_SIMPLE_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*)"')
+_SIMPLE_BLOCK = re.compile(
+    r'(?:[a-zA-Z_][a-zA-Z0-9_]*+="[^"\\]*+",)*+(?:[a-zA-Z_][a-zA-Z0-9_]*+="[^"\\]*+")?+,?'
+)
+_SIMPLE_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 
 
 def _parse_labels(line: str, start: int, lineno: int) -> tuple[tuple[tuple[str, str], ...], int]:
@@ -144,9 +145,10 @@ def scan(text: str, names: Collection[str]) -> list[Sample]:
             name = line[:brace]
             if name not in wanted_set:
                 continue
-            simple = _SIMPLE_SAMPLE.fullmatch(line, brace)  # no escapes: the whole label set in one C pass
-            if simple is not None:
-                labels, rest = tuple(sorted(_SIMPLE_PAIR.findall(simple.group(1)))), simple.group(2)
+            close = line.find("}", brace)
+            block = line[brace + 1 : close]
+            if close > 0 and "\\" not in block and _SIMPLE_BLOCK.fullmatch(block):  # the common case, in C
+                labels, rest = tuple(sorted(_SIMPLE_PAIR.findall(block))), line[close + 1 :]
             else:
                 labels, end = _parse_labels(line, brace, lineno)
                 rest = line[end:]
