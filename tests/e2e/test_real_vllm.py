@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.spike import SpikeConfig, run_spike, wait_idle
+from bench.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
 from bench.vllm_harness import VllmServer
 from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.pressure import PressureSettings
@@ -44,6 +44,20 @@ async def start(engine: str, model: Path, **options: object) -> SidecarApp:
     )
     await app.start()
     return app
+
+
+async def spike_through_sidecar(
+    server: VllmServer, model: Path, config: SpikeConfig, **options: object
+) -> tuple[SpikeReport, SidecarApp]:
+    """Once vLLM is idle, send ``config``'s spike through a sidecar started with ``options``; drain and stop it."""
+    await wait_idle(server.url)
+    app = await start(server.url, model, **options)
+    try:
+        report = await run_spike(f"http://127.0.0.1:{app.proxy_port}", server.url, config, "sidecar")
+    finally:
+        await app.drain()
+        await app.stop()
+    return report, app
 
 
 async def engine_sample(engine: str) -> dict[str, float | None]:
@@ -102,20 +116,14 @@ async def test_without_an_override_the_predicted_pool_matches_vllms_own_sizing(
 async def test_spike_enters_pressure_queues_long_prompts_and_loses_nothing(
     vllm_server: VllmServer, tiny_model: Path
 ) -> None:
-    await wait_idle(vllm_server.url)
-    app = await start(
-        vllm_server.url,
+    config = SpikeConfig(seed=3, long_requests=10, short_requests=24, long_prompt=600, long_output=400)
+    report, app = await spike_through_sidecar(
+        vllm_server,
         tiny_model,
+        config,
         pressure=PressureSettings(window=0.5),
         admission=AdmissionConfig(long_lane_concurrency=4),  # let the first wave oversubscribe the pool
     )
-    try:
-        proxy = f"http://127.0.0.1:{app.proxy_port}"
-        config = SpikeConfig(seed=3, long_requests=10, short_requests=24, long_prompt=600, long_output=400)
-        report = await run_spike(proxy, vllm_server.url, config, "sidecar")
-    finally:
-        await app.drain()
-        await app.stop()
     summary = report.summary()
     assert summary["lost"] == 0
     assert summary["completed"] + summary["refused"] == summary["sent"]
@@ -130,20 +138,14 @@ async def test_spike_enters_pressure_queues_long_prompts_and_loses_nothing(
 async def test_reject_mode_refuses_with_retry_after_under_real_pressure(
     vllm_server: VllmServer, tiny_model: Path
 ) -> None:
-    await wait_idle(vllm_server.url)
-    app = await start(
-        vllm_server.url,
+    config = SpikeConfig(seed=5, long_requests=16, short_requests=10, spread_seconds=2.0)
+    report, _ = await spike_through_sidecar(
+        vllm_server,
         tiny_model,
+        config,
         pressure=PressureSettings(window=0.3),
         admission=AdmissionConfig(long_lane_concurrency=4, on_pressure="reject"),
     )
-    try:
-        proxy = f"http://127.0.0.1:{app.proxy_port}"
-        config = SpikeConfig(seed=5, long_requests=16, short_requests=10, spread_seconds=2.0)
-        report = await run_spike(proxy, vllm_server.url, config, "sidecar")
-    finally:
-        await app.drain()
-        await app.stop()
     refused = [o for o in report.outcomes if o.status == 429]
     assert refused, "no long prompt was refused under pressure"
     assert all(o.kind == "long" and o.reason == "kv-pressure" for o in refused)
@@ -185,13 +187,7 @@ async def test_sidecar_prevents_the_preemptions_a_direct_spike_causes(
     await wait_idle(vllm_server.url)
     config = SpikeConfig(seed=7, long_requests=8, short_requests=24)
     direct = await run_spike(vllm_server.url, vllm_server.url, config, "direct")
-    await wait_idle(vllm_server.url)
-    app = await start(vllm_server.url, tiny_model)
-    try:
-        proxied = await run_spike(f"http://127.0.0.1:{app.proxy_port}", vllm_server.url, config, "sidecar")
-    finally:
-        await app.drain()
-        await app.stop()
+    proxied, _ = await spike_through_sidecar(vllm_server, tiny_model, config)
     print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
     assert direct.summary()["lost"] == proxied.summary()["lost"] == 0
     # one long request (8 blocks) + at most 3 short ones (1 block each) never exceed the 16-block pool
