@@ -26,14 +26,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
+from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import (
     AdmissionCollector,
     AdmissionController,
     AdmissionMetrics,
     QueueSettings,
 )
-from sidecar.admission.decide import AdmissionConfig
-from sidecar.admission.pressure import PressureDetector, PressureSettings
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
+from sidecar.admission.outputs import OutputSettings
+from sidecar.admission.pressure import PressureDetector, PressureSettings, Staleness
 from sidecar.admission.retry import clamp_retry_after
 from sidecar.admission.tokens import TokenCounter, load_counter
 from sidecar.monitor.diagnose import MonitorSettings
@@ -44,6 +46,12 @@ from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
 from sidecar.server.metrics import register_monitor_metrics
 from sidecar.server.proxy import Proxy, ProxyMetrics, ProxySettings
+
+
+def usable_blocks(num_gpu_blocks: int) -> int:
+    """Blocks requests can hold: vLLM keeps one null block (``BlockPool.get_usage`` divides by n - 1)."""
+    return max(1, num_gpu_blocks - 1)
+
 
 _EVERYWHERE = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
 DRAIN_POLL_SECONDS = 0.05
@@ -62,8 +70,8 @@ class RunOptions:
     proxy: bool = True
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     nvml: bool = True
-    stale_policy: str = "open"
-    stale_after: float = 3.0
+    staleness: Staleness = field(default_factory=Staleness)
+    outputs: OutputSettings = field(default_factory=OutputSettings)
     drain_timeout: float = 30.0
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     pressure: PressureSettings = field(default_factory=PressureSettings)
@@ -103,7 +111,7 @@ class SidecarApp:
         self.registry = CollectorRegistry(auto_describe=True)
         self.monitor = Monitor(inputs, settings, log)
         self.monitor.gpu.enabled = options.nvml
-        self.lifecycle = Lifecycle(stale_policy=options.stale_policy)
+        self.lifecycle = Lifecycle(staleness=options.staleness)
         register_monitor_metrics(self.registry, self.monitor, clock)
         self.scrape_metrics = ScrapeMetrics(self.registry)
         self.nvml = NvmlReader(log, nvml_module) if options.nvml else None
@@ -114,8 +122,12 @@ class SidecarApp:
             AdmissionMetrics(self.registry),
             clock=clock,
             max_model_len=self.monitor.request_max_model_len,
-            pool_tokens=self._pool_tokens,
+            pool=self._pool,
             kv_samples=self._kv_samples,
+            metrics_age=self._metrics_age,
+            staleness=options.staleness,
+            outputs=options.outputs,
+            on_policy=self._on_policy,
         )
         self.registry.register(AdmissionCollector(self.controller))
         self.proxy: Proxy | None = None
@@ -143,11 +155,38 @@ class SidecarApp:
         self.admin_port: int | None = None
         self.proxy_port: int | None = None
 
-    def _pool_tokens(self) -> int | None:
+    def _pool(self) -> PoolView | None:
+        """The KV pool admission plans against: the engine's blocks, else the prediction's."""
         snapshot = self.monitor.engine.snapshot
-        if snapshot is not None and snapshot.cache_config is not None and snapshot.cache_config.pool_tokens:
-            return snapshot.cache_config.pool_tokens
-        return self.monitor.ledger.kv_pool_tokens if self.monitor.ledger else None
+        config = snapshot.cache_config if snapshot is not None else None
+        if config is not None and config.num_gpu_blocks and config.block_size:
+            engines = max(1, len(snapshot.engines)) if snapshot is not None else 1
+            return PoolView(
+                blocks=usable_blocks(config.num_gpu_blocks) * engines,
+                block_size=config.block_size,
+                prefix_caching=config.enable_prefix_caching is not False,
+                source="engine",
+            )
+        ledger = self.monitor.ledger
+        if ledger is not None and ledger.kv_pool_tokens:
+            block_size = ledger.request.block_size
+            return PoolView(
+                blocks=usable_blocks(ledger.kv_pool_tokens // block_size),
+                block_size=block_size,
+                source="prediction",
+            )
+        return None
+
+    def _metrics_age(self, now: float) -> float | None:
+        engine = self.monitor.engine
+        return engine.metrics_age(now) if engine.up else None
+
+    def _on_policy(self, policy: AdmissionMode, why: str) -> None:
+        requested = self.options.admission.mode
+        if policy is requested:
+            self.log.info("admission_policy", policy=policy.value, requested=requested.value)
+        else:
+            self.log.warning("admission_policy", policy=policy.value, requested=requested.value, why=why)
 
     def _kv_samples(self) -> list[tuple[float, float]]:
         return [(o.at, o.kv_usage) for o in self.monitor.history.observations() if o.kv_usage is not None]
@@ -160,10 +199,15 @@ class SidecarApp:
         """Feed the pressure detector after every scrape round."""
         engine = self.monitor.engine
         now = self.clock()
-        age = engine.metrics_age(now)
-        stale = not engine.up or age is None or age > self.options.stale_after
-        usage = engine.snapshot.kv_usage if engine.snapshot and engine.up else None
-        self.controller.observe(now, usage, stale=stale)
+        stale = self.options.staleness.is_stale(engine.up, engine.metrics_age(now))
+        snapshot = engine.snapshot if engine.up else None
+        self.controller.observe(
+            now,
+            snapshot.kv_usage if snapshot else None,
+            stale=stale,
+            steps=snapshot.iterations_total if snapshot else None,
+            waiting=snapshot.waiting if snapshot else None,
+        )
 
     async def _serve(
         self, app: web.Application, address: tuple[str, int], *, cancel_on_disconnect: bool

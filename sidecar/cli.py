@@ -169,7 +169,20 @@ def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
         help="long requests at once (default 1)",
     )
     add("--on-pressure", type=_choice("queue", "reject"), default="queue", help="long prompts under pressure")
-    add("--admission", type=_choice("lanes", "token-budget"), default="lanes", help="admission mode")
+    add(
+        "--admission",
+        type=_choice("capacity", "lanes", "token-budget"),
+        default="capacity",
+        help="capacity (default: admit what fits the KV pool, block-exactly), lanes (the seeds' long lane), "
+        "token-budget (reserve prompt + max_tokens)",
+    )
+    add(
+        "--output-quantile",
+        type=parse_ratio,
+        default=0.95,
+        help="capacity: expected output = this quantile of observed answer lengths per route and model "
+        "(default 0.95)",
+    )
     add("--queue-max-entries", type=parse_positive_int, default=1024, help="per lane (default 1024)")
     add("--queue-max-tokens", type=parse_positive_int, default=4_000_000, help="per lane (default 4M)")
     add(
@@ -333,7 +346,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from sidecar.admission.controller import QueueSettings  # noqa: PLC0415 - keeps 'plan' free of server imports
     from sidecar.admission.decide import AdmissionConfig  # noqa: PLC0415
-    from sidecar.admission.pressure import PressureSettings  # noqa: PLC0415
+    from sidecar.admission.outputs import OutputSettings  # noqa: PLC0415
+    from sidecar.admission.pressure import PressureSettings, Staleness  # noqa: PLC0415
     from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415
     from sidecar.logs import make_logger  # noqa: PLC0415
     from sidecar.monitor.scraper import ScrapeSettings  # noqa: PLC0415
@@ -350,8 +364,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         proxy=not args.no_proxy,
         scrape=ScrapeSettings(interval=args.scrape_interval, timeout=args.scrape_timeout),
         nvml=args.nvml != "off",
-        stale_policy=args.stale_policy,
-        stale_after=args.stale_after,
+        staleness=Staleness(after=args.stale_after, policy=args.stale_policy),
+        outputs=OutputSettings(quantile=args.output_quantile),
         drain_timeout=args.drain_timeout,
         admission=AdmissionConfig(
             long_prompt_tokens=args.long_prompt_tokens,
@@ -363,7 +377,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             enter_threshold=args.pressure_threshold,
             release_threshold=args.release_threshold,
             window=args.pressure_window,
-            stale_policy=args.stale_policy,
         ),
         queue=QueueSettings(
             max_entries=args.queue_max_entries, max_tokens=args.queue_max_tokens, timeout=args.queue_timeout

@@ -1,17 +1,26 @@
-"""What admission needs from an OpenAI-style request body: prompt and output token counts.
+"""What admission needs from an OpenAI-style request body, read once, coerced as vLLM coerces it.
 
 ``/v1/completions``: ``prompt`` is a string, a list of strings, a list of token ids or a list of
-lists; ``max_tokens`` defaults to 16 (vLLM's default). ``/v1/chat/completions``: every message's
-content (a string or a list of parts; text parts are counted) plus :data:`CHAT_MESSAGE_OVERHEAD`
-tokens per message for the chat template; output is ``max_completion_tokens``, else ``max_tokens``,
-else ``None`` ("up to the context length", vLLM's default). ``/v1/responses``: ``input`` like a chat.
-``n`` multiplies the output (not the prompt, which the choices share). Every problem is one
-:class:`RefusedError` naming it.
+lists; every item of a batch is its own prompt (vLLM checks and schedules each separately); output
+is ``max_tokens``, default 16. ``/v1/chat/completions``: the messages rendered through the model's
+own chat template when the counter can (exact), else every message's text plus
+:data:`CHAT_MESSAGE_OVERHEAD` template tokens (an estimate); output is ``max_completion_tokens``,
+else ``max_tokens``, else ``None`` ("up to the context length", vLLM's default). ``/v1/responses``:
+``input`` like a chat, output ``max_output_tokens``.
+
+Numbers and booleans are coerced the way vLLM's pydantic request models coerce them in lax mode
+(``"8"``, ``8.0`` and ``true`` are the integer 8, 8 and 1; ``2.5`` and ``"abc"`` are refused),
+which ``tests/unit/test_body_parity.py`` checks against pydantic itself. ``n`` (and ``best_of``
+where larger) is the number of sequences per prompt. Every problem is one :class:`RefusedError`
+naming it; values vLLM would refuse for its own reasons are left to vLLM unless
+:mod:`sidecar.admission.parity` says the sidecar refuses them the same way.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,57 +28,123 @@ from sidecar.admission.outcomes import Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter
 
 CHAT_MESSAGE_OVERHEAD = 8
-"""Template tokens per chat message (role markers and separators; Qwen's ChatML uses about 5)."""
+"""Estimated template tokens per chat message when the template cannot be rendered (ChatML uses 5)."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""vLLM's ``CompletionRequest.max_tokens`` default."""
 MAX_PROMPT_ITEMS = 100_000
+_INTEGRAL_FLOAT_TEXT = re.compile(r"^\s*([+-]?[0-9][0-9_]*)\.0*\s*$")
+_PYDANTIC_MAX_INT_DIGITS = 4300
+
+
+class _NotCoercibleError(ValueError):
+    pass
+
+
+def coerce_int(value: Any) -> int:
+    """``value`` as pydantic's lax ``int`` reads it (bool, integral float, numeric string), else an error."""
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer() or abs(value) >= 2**63:
+            raise _NotCoercibleError
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > _PYDANTIC_MAX_INT_DIGITS:
+            raise _NotCoercibleError
+        if match := _INTEGRAL_FLOAT_TEXT.match(text):
+            text = match.group(1)
+        if not text or text.startswith("_") or text.endswith("_") or "__" in text:
+            raise _NotCoercibleError
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise _NotCoercibleError from None
+    raise _NotCoercibleError
+
+
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def coerce_bool(value: Any) -> bool:
+    """``value`` as pydantic's lax ``bool`` reads it (0/1, ``"yes"``/``"off"``...), else an error."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    raise _NotCoercibleError
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """The parts of a generation request that admission decides on."""
+    """Everything admission decides on, read from one generation request's body in one pass."""
 
-    prompt_tokens: int
-    output_tokens: int | None  # per choice; None: up to the context length
-    exact: bool
+    prompts: tuple[int, ...]  # tokens of each prompt (a batch has several)
+    max_output_tokens: int | None  # the client's bound per sequence; None: up to the context length
+    exact: bool  # prompt counts are exact (token ids, or the model's tokenizer and template)
+    choices: int = 1  # sequences per prompt (n, or best_of when larger)
+    min_output_tokens: int = 0
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
     priority: int | None = None
-    choices: int = 1
+    model: str = ""
+    route: str = ""
+    prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known
 
-    def sequence_tokens(self, max_model_len: int | None) -> int:
-        """Tokens one sequence may reach: prompt plus output (open-ended output: up to ``max_model_len``)."""
-        if self.output_tokens is not None:
-            return self.prompt_tokens + self.output_tokens
-        return max(self.prompt_tokens, max_model_len or self.prompt_tokens)
+    @property
+    def prompt_tokens(self) -> int:
+        """The largest prompt of the request (the lane is chosen by it)."""
+        return max(self.prompts, default=0)
 
-    def reserved_tokens(self, max_model_len: int | None) -> int:
-        """KV tokens the request may hold at its peak: the prompt once, each choice's output."""
-        return self.prompt_tokens + (self.sequence_tokens(max_model_len) - self.prompt_tokens) * self.choices
+    @property
+    def sequences(self) -> int:
+        """Sequences the engine will run: prompts x choices."""
+        return len(self.prompts) * self.choices
 
 
 def _invalid(message: str, param: str | None = None) -> RefusedError:
     return RefusedError(Reason.INVALID_REQUEST, message, param=param)
 
 
-def _count_prompt(prompt: Any, counter: TokenCounter) -> tuple[int, bool]:
-    if isinstance(prompt, str):
-        return counter.count(prompt), counter.exact
-    if isinstance(prompt, list):
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[int, ...]] | None, bool]:
+    """Per prompt: token counts, token ids when known, and whether the counts are exact."""
+    if isinstance(prompt, str) or _is_ids(prompt):
+        items: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt:
         if len(prompt) > MAX_PROMPT_ITEMS:
             raise _invalid(f"'prompt' has more than {MAX_PROMPT_ITEMS} items", "prompt")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return len(prompt), True
-        total, exact = 0, True
-        for item in prompt:
-            if isinstance(item, str):
-                total, exact = total + counter.count(item), exact and counter.exact
-            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                total += len(item)
+        items = prompt
+    else:
+        raise _invalid("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+    counts: list[int] = []
+    ids: list[tuple[int, ...]] | None = []
+    exact = True
+    for item in items:
+        if isinstance(item, str):
+            tokens = counter.tokens(item)
+            if tokens is None:
+                counts.append(counter.count(item))
+                ids, exact = None, False
             else:
-                raise _invalid(
-                    "'prompt' must be a string, a list of strings or a list of token ids", "prompt"
-                )
-        return total, exact
-    raise _invalid("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+                counts.append(len(tokens))
+                ids = None if ids is None else [*ids, tuple(tokens)]
+        elif _is_ids(item):
+            counts.append(len(item))
+            ids = None if ids is None else [*ids, tuple(item)]
+        else:
+            raise _invalid("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+    return counts, ids, exact
 
 
 def _content_text(content: Any) -> str:
@@ -88,28 +163,58 @@ def _content_text(content: Any) -> str:
     raise _invalid("a message's 'content' must be a string or a list of parts", "messages")
 
 
-def _count_messages(messages: Any, counter: TokenCounter, param: str) -> int:
+def _messages(messages: Any, param: str) -> list[dict[str, Any]]:
     if isinstance(messages, str):
-        return counter.count(messages) + CHAT_MESSAGE_OVERHEAD
+        return [{"role": "user", "content": messages}]
     if not isinstance(messages, list) or not messages:
         raise _invalid(f"'{param}' must be a non-empty list of messages", param)
     if len(messages) > MAX_PROMPT_ITEMS:
         raise _invalid(f"'{param}' has more than {MAX_PROMPT_ITEMS} messages", param)
-    total = 0
     for message in messages:
         if not isinstance(message, dict):
             raise _invalid(f"every item of '{param}' must be an object with 'role' and 'content'", param)
-        total += counter.count(_content_text(message.get("content"))) + CHAT_MESSAGE_OVERHEAD
-    return total
+        _content_text(message.get("content"))
+    return messages
+
+
+def _chat_prompt(
+    body: dict[str, Any], messages: list[dict[str, Any]], counter: TokenCounter
+) -> tuple[int, tuple[int, ...] | None, bool]:
+    """Rendered through the model's template (exact), else text plus the per-message overhead."""
+    custom_template = body.get("chat_template") is not None
+    if not custom_template:
+        rendered = counter.chat_tokens(
+            messages,
+            tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+            add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+            extra=body.get("chat_template_kwargs")
+            if isinstance(body.get("chat_template_kwargs"), dict)
+            else None,
+        )
+        if rendered is not None:
+            return len(rendered), tuple(rendered), True
+    total = sum(counter.count(_content_text(m.get("content"))) + CHAT_MESSAGE_OVERHEAD for m in messages)
+    return total, None, False
 
 
 def _optional_int(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _invalid(f"'{key}' must be a non-negative integer", key)
-    return value
+    try:
+        return coerce_int(value)
+    except _NotCoercibleError:
+        raise _invalid(f"'{key}' must be an integer", key) from None
+
+
+def _optional_bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    try:
+        return coerce_bool(value)
+    except _NotCoercibleError:
+        raise _invalid(f"'{key}' must be a boolean", key) from None
 
 
 def decode_json_body(raw: bytes) -> dict[str, Any]:
@@ -133,30 +238,41 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
 
 def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> RequestFacts:
     """The admission facts of a decoded generation request to ``path``."""
-    if path.endswith("/chat/completions"):
-        if "messages" not in body:
-            raise _invalid("'messages' is required", "messages")
-        prompt, exact = _count_messages(body["messages"], counter, "messages"), counter.exact
-        output = _optional_int(body, "max_completion_tokens")
-        if output is None:
-            output = _optional_int(body, "max_tokens")
-    elif path.endswith("/responses"):
-        prompt, exact = _count_messages(body.get("input"), counter, "input"), counter.exact
-        output = _optional_int(body, "max_output_tokens")
+    ids: list[tuple[int, ...]] | None
+    if path.endswith("/chat/completions") or path.endswith("/responses"):
+        param = "input" if path.endswith("/responses") else "messages"
+        if param not in body:
+            raise _invalid(f"'{param}' is required", param)
+        count, rendered, exact = _chat_prompt(body, _messages(body[param], param), counter)
+        counts, ids = [count], (None if rendered is None else [rendered])
+        if param == "input":
+            output = _optional_int(body, "max_output_tokens")
+        else:
+            output = _optional_int(body, "max_completion_tokens")
+            if output is None:
+                output = _optional_int(body, "max_tokens")
     else:
         if "prompt" not in body:
             raise _invalid("'prompt' is required", "prompt")
-        prompt, exact = _count_prompt(body["prompt"], counter)
+        counts, ids, exact = _prompts(body["prompt"], counter)
         output = _optional_int(body, "max_tokens")
         if output is None:
             output = COMPLETIONS_DEFAULT_MAX_TOKENS
-    choices = _optional_int(body, "n") or 1
-    priority = body.get("priority")
+    n = _optional_int(body, "n")
+    best_of = _optional_int(body, "best_of")
+    choices = max(1, n or 1, best_of or 1)
+    priority = _optional_int(body, "priority")
+    model = body.get("model")
     return RequestFacts(
-        prompt_tokens=prompt,
-        output_tokens=output,
-        choices=choices,
+        prompts=tuple(counts),
+        max_output_tokens=output,
         exact=exact,
-        stream=body.get("stream") is True,
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
+        choices=choices,
+        min_output_tokens=max(0, _optional_int(body, "min_tokens") or 0),
+        ignore_eos=_optional_bool(body, "ignore_eos"),
+        stream=_optional_bool(body, "stream"),
+        priority=priority,
+        model=model if isinstance(model, str) else "",
+        route=path,
+        prompt_ids=None if ids is None else tuple(ids),
     )

@@ -1,49 +1,70 @@
-"""The admission controller: ``decide`` plus the queue, in-flight counts and waiting, on one event loop.
+"""The admission controller: ``decide`` plus the queue, the block ledger and waiting, on one event loop.
 
 Theory of operation
 -------------------
 :meth:`AdmissionController.admit` asks :func:`~sidecar.admission.decide.decide` about a request.
 *Admit* returns a :class:`Ticket` at once; *refuse* raises :class:`RefusedError`; *queue* puts a
 waiter into its lane's :class:`~sidecar.admission.queue.FairQueue` and awaits a future. Whenever
-something changes that could let a waiter in (a ticket released, a scrape that ended pressure),
-:meth:`AdmissionController.dispatch` asks ``decide`` again about the head of each lane's queue, as if
-it were alone, and grants it while the answer is *admit*; the head blocks the lane, so nobody
-overtakes within a lane. A waiter leaves the queue at once when its client disconnects (its task is
-cancelled), when its wait limit passes (503 ``queue-timeout``, a :class:`DroppedError`) or when the
-sidecar drains (503 ``draining``). Every ticket is released exactly once, by the proxy, when the
-response to the client has ended, so a long stream holds its slot to the end.
+something changes that could let a waiter in (a ticket released, a scrape), :meth:`dispatch` asks
+``decide`` again about the head of each lane's queue and grants it while the answer is *admit*; the
+head blocks its lane, so nobody overtakes within a lane. Under the ``capacity`` policy the short
+lane is served first (short requests are never stuck behind long ones), unless the long lane's
+head has waited ``long_wait_priority`` seconds: then it goes first and shorts wait behind it until
+it fits, so a stream of shorts cannot starve a long request.
 
-Everything runs on the one event loop, so no locks are needed: state changes happen between awaits.
-The controller counts the requests it answers itself (refused, dropped); the proxy counts ``admitted``
-once the request has been handed to the engine, ``engine-unavailable`` when it could not, and
-``cancelled`` when the client went away first (queued or not).
+A waiter leaves the queue when its client disconnects (its task is cancelled), when its wait limit
+passes (503 ``queue-timeout``, a :class:`DroppedError`) or when the sidecar drains (503
+``draining``). Every ticket is released exactly once, by the proxy, when the response to the client
+has ended; the proxy also reports a stream's progress (:meth:`progress`) and the answer's length,
+which teaches :class:`~sidecar.admission.outputs.OutputLengths` what answers on the route take.
+
+Each scrape (:meth:`observe`) feeds the pressure detector, the engine's step clock and the ledger's
+view of the live gauge; under sustained pressure the admitted concurrency is capped one step below
+what was running and lowered one step per pressure window while usage stays at or above the
+release threshold; the cap is lifted when the detector returns to normal.
+
+Staleness is judged by the clock at decision time (:meth:`pressure_state`), not only when a scrape
+ends. Everything runs on the one event loop, so no locks are needed. The controller counts the
+requests it answers itself (refused, dropped); the proxy counts ``admitted``, ``engine-unavailable``
+and ``cancelled``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.decide import Action, AdmissionConfig, AdmissionRequest, AdmissionView, decide, lane_of
+from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, blocks_for, prompt_hashes
+from sidecar.admission.decide import (
+    Action,
+    AdmissionConfig,
+    AdmissionMode,
+    AdmissionRequest,
+    AdmissionView,
+    decide,
+    lane_of,
+)
+from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError
-from sidecar.admission.pressure import PressureDetector, PressureState
+from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.parity import engine_refusal
+from sidecar.admission.pressure import PressureDetector, PressureState, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry
+from sidecar.admission.rates import ReleaseRate, StepClock
 from sidecar.admission.retry import (
     ServiceStats,
+    capacity_wait_estimate,
     clamp_retry_after,
     pressure_wait_estimate,
     queue_wait_estimate,
     usage_fall_rate,
 )
 
-WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+__all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +78,7 @@ class QueueSettings:
 
 @dataclass(slots=True)
 class Ticket:
-    """An admitted request's hold on its lane (and on KV tokens in token-budget mode)."""
+    """An admitted request's hold on its lane and, under ``capacity``, on KV blocks."""
 
     lane: Lane
     reserved_tokens: int
@@ -65,46 +86,35 @@ class Ticket:
     waited: float = 0.0
     queued: bool = False
     released: bool = False
+    holding: int | None = None  # the ledger's id
+    sequences: int = 1
+    prompts: tuple[int, ...] = ()
+    route: str = ""
+    model: str = ""
+    stream: bool = False
+    completion_tokens: int | None = None  # the answer's length, when the proxy could read it
 
 
 @dataclass(slots=True)
 class _Waiter:
+    facts: RequestFacts
     request: AdmissionRequest
     lane: Lane
     enqueued_at: float
+    hashes: tuple[tuple[int, ...], ...]
     future: asyncio.Future[Ticket] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-class AdmissionMetrics:
-    """Counters and histograms of admission, on an explicit registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.outcomes = Counter(
-            "kv_sidecar_admission",
-            "Generation requests by outcome (admitted, refused, dropped, cancelled), reason and lane.",
-            ["outcome", "reason", "lane"],
-            registry=registry,
-        )
-        self.queue_wait = Histogram(
-            "kv_sidecar_queue_wait_seconds",
-            "Time generation requests spent in the admission queue, however they left it.",
-            ["lane"],
-            buckets=WAIT_BUCKETS,
-            registry=registry,
-        )
-        self.transitions = Counter(
-            "kv_sidecar_pressure_transitions",
-            "Pressure state changes, by the state entered.",
-            ["to"],
-            registry=registry,
-        )
-        for lane in Lane:
-            self.queue_wait.labels(lane=lane.value)
-            self.outcomes.labels(
-                outcome=Outcome.ADMITTED.value, reason=Reason.ADMITTED.value, lane=lane.value
-            )
-        for state in PressureState:
-            self.transitions.labels(to=state.value)
+def _token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
+    """token-budget: each prompt once, each of its choices up to its bound (or the context length)."""
+    total = 0
+    for prompt in facts.prompts:
+        room = (max_model_len or prompt) - prompt
+        output = room if facts.max_output_tokens is None else facts.max_output_tokens
+        if max_model_len is not None:
+            output = min(output, max(0, room))
+        total += prompt + max(0, output) * facts.choices
+    return total
 
 
 class AdmissionController:
@@ -119,54 +129,138 @@ class AdmissionController:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_model_len: Callable[[], int | None] = lambda: None,
-        pool_tokens: Callable[[], int | None] = lambda: None,
+        pool: Callable[[], PoolView | None] = lambda: None,
         kv_samples: Callable[[], list[tuple[float, float]]] = list,
+        metrics_age: Callable[[float], float | None] = lambda _now: None,
+        staleness: Staleness | None = None,
+        outputs: OutputSettings | None = None,
+        on_policy: Callable[[AdmissionMode, str], None] | None = None,
     ) -> None:
         self.config = config
         self.detector = detector
         self.queue_settings = queue_settings
         self.metrics = metrics
+        self.staleness = staleness or Staleness()
         self._clock = clock
         self._max_model_len = max_model_len
-        self._pool_tokens = pool_tokens
+        self._pool = pool
         self._kv_samples = kv_samples
+        self._metrics_age = metrics_age
+        self._on_policy = on_policy
         self.queues: dict[Lane, FairQueue[_Waiter]] = {
             lane: FairQueue(queue_settings.max_entries, queue_settings.max_tokens) for lane in Lane
         }
         self.inflight: dict[Lane, int] = dict.fromkeys(Lane, 0)
         self.reserved_tokens = 0
         self.stats: dict[Lane, ServiceStats] = {lane: ServiceStats() for lane in Lane}
+        self.ledger = CapacityLedger()
+        self.outputs = OutputLengths(outputs or OutputSettings())
+        self.steps = StepClock()
+        self.releases = ReleaseRate()
+        self.concurrency_cap: int | None = None
+        self._cap_changed_at = 0.0
+        self._policy: AdmissionMode | None = None
+        self._observed = False
         self.draining = False
 
-    # -- views -------------------------------------------------------------------------------------
+    # -- state -------------------------------------------------------------------------------------
 
-    def _view(self, lane: Lane, request: AdmissionRequest, *, as_head: bool = False) -> AdmissionView:
-        queue = self.queues[lane]
+    def now(self) -> float:
+        """The injected clock's time."""
+        return self._clock()
+
+    def is_stale(self, now: float) -> bool:
+        """Whether the engine's metrics are stale at ``now`` (by the clock, not only when a scrape ends)."""
+        age = self._metrics_age(now)
+        return self.staleness.is_stale(age is not None, age)
+
+    def pressure_state(self, now: float) -> PressureState:
+        """The state admission acts on at ``now``: the detector's, or the stale policy's answer."""
+        return self.detector.effective(self.is_stale(now), self.staleness.policy)
+
+    def policy(self) -> AdmissionMode:
+        """The policy in effect: ``capacity`` falls back to ``lanes`` while no pool is known."""
+        wanted = self.config.mode
+        effective = wanted
+        why = "configured"
+        if wanted is AdmissionMode.CAPACITY and (self._pool() is None or self._max_model_len() is None):
+            effective, why = AdmissionMode.LANES, "no KV pool or max_model_len known yet"
+        if effective is not self._policy and self._observed:  # said once per change, from the first scrape on
+            self._policy = effective
+            if self._on_policy is not None:
+                self._on_policy(effective, why)
+        return effective
+
+    def block_figures(self, now: float) -> dict[str, int]:
+        """Pool, planned and unexplained blocks (empty while no pool is known)."""
+        pool = self._pool()
+        if pool is None:
+            return {}
+        planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool.block_size)
+        return {"pool": pool.blocks, "planned": planned, "unexplained": self.ledger.unexplained}
+
+    @property
+    def total_inflight(self) -> int:
+        """Admitted requests whose responses have not ended."""
+        return sum(self.inflight.values())
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    def _hashes(self, facts: RequestFacts) -> tuple[tuple[int, ...], ...]:
+        pool = self._pool()
+        return prompt_hashes(facts.prompt_ids, pool) if pool is not None else ()
+
+    def _demand(self, waiter_facts: RequestFacts, hashes: tuple[tuple[int, ...], ...]) -> Demand | None:
+        pool, max_model_len = self._pool(), self._max_model_len()
+        if pool is None or max_model_len is None:
+            return None
+        expected, bound = self.outputs.expected(waiter_facts, max_model_len)
+        return Demand(
+            prompts=waiter_facts.prompts,
+            choices=waiter_facts.choices,
+            expected_output=expected,
+            output_bound=bound,
+            max_model_len=max_model_len,
+            hashes=hashes,
+        )
+
+    def _view(self, waiter: _Waiter, *, as_head: bool = False) -> AdmissionView:
+        now = self._clock()
+        queue = self.queues[waiter.lane]
+        policy = self.policy()
+        fits = True
+        if policy is AdmissionMode.CAPACITY:
+            demand, pool = self._demand(waiter.facts, waiter.hashes), self._pool()
+            if demand is not None and pool is not None:
+                fits = self.ledger.fits(demand, pool, self.steps.bounds(now))
+        pool = self._pool()
         return AdmissionView(
-            pressure=self.detector.effective is PressureState.PRESSURE,
+            pressure=self.pressure_state(now) is PressureState.PRESSURE,
             draining=self.draining,
             max_model_len=self._max_model_len(),
             long_inflight=self.inflight[Lane.LONG],
             queued_in_lane=0 if as_head else len(queue),
-            queue_has_room=as_head or queue.has_room(request.reserved_tokens),
-            pool_tokens=self._pool_tokens(),
+            queue_has_room=as_head or queue.has_room(waiter.request.reserved_tokens),
+            pool_tokens=pool.blocks * pool.block_size if pool else None,
             reserved_tokens=self.reserved_tokens,
+            policy=policy,
+            fits=fits,
+            inflight=self.total_inflight,
+            concurrency_cap=self.concurrency_cap,
         )
 
-    def _concurrency(self, lane: Lane) -> int:
-        if lane is Lane.LONG:
-            return self.config.long_lane_concurrency
-        return max(1, self.inflight[Lane.SHORT])
+    # -- Retry-After -------------------------------------------------------------------------------
 
-    def retry_after(self, reason: Reason, lane: Lane, position: int | None = None) -> int:
+    def retry_after(
+        self, reason: Reason, lane: Lane, position: int | None = None, own_blocks: int = 0
+    ) -> int:
         """The ``Retry-After`` seconds for a refusal (see :mod:`sidecar.admission.retry`)."""
         settings = self.detector.settings
+        now = self._clock()
         if reason is Reason.KV_PRESSURE:
-            now = self._clock()
-            samples = self._kv_samples()
             estimate = pressure_wait_estimate(
                 self.detector.last_usage,
-                usage_fall_rate(samples, now),
+                usage_fall_rate(self._kv_samples(), now),
                 settings.release_threshold,
                 settings.window,
                 self.stats[Lane.LONG],
@@ -174,75 +268,102 @@ class AdmissionController:
             return clamp_retry_after(estimate)
         queue = self.queues[lane]
         ahead = len(queue) if position is None else position
-        estimate = queue_wait_estimate(ahead, self._concurrency(lane), self.stats[lane], 2 * settings.window)
-        return clamp_retry_after(estimate)
-
-    # -- admission ---------------------------------------------------------------------------------
-
-    def _grant(self, lane: Lane, request: AdmissionRequest, waited: float, *, queued: bool = False) -> Ticket:
-        self.inflight[lane] += 1
-        self.reserved_tokens += request.reserved_tokens
-        return Ticket(
-            lane=lane,
-            reserved_tokens=request.reserved_tokens,
-            admitted_at=self._clock(),
-            waited=waited,
-            queued=queued,
+        pool = self._pool()
+        if self.policy() is AdmissionMode.CAPACITY and pool is not None:
+            queued_tokens = queue.tokens + (self.queues[Lane.SHORT].tokens if lane is Lane.LONG else 0)
+            queued = len(queue) + (len(self.queues[Lane.SHORT]) if lane is Lane.LONG else 0)
+            share = ahead / len(queue) if len(queue) else 0.0
+            blocks_ahead = blocks_for(round(queued_tokens * share if queued else 0), pool.block_size)
+            capacity = capacity_wait_estimate(
+                blocks_ahead,
+                own_blocks,
+                self.ledger.free_blocks(pool, self.steps.bounds(now)),
+                self.releases.per_second(now),
+            )
+            if capacity is not None:
+                return clamp_retry_after(capacity)
+        concurrency = self.config.long_lane_concurrency if lane is Lane.LONG else max(1, self.inflight[lane])
+        return clamp_retry_after(
+            queue_wait_estimate(ahead, concurrency, self.stats[lane], 2 * settings.window)
         )
 
-    def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
-        """Count one request's outcome (the proxy counts admissions once the engine has the request)."""
-        self._count(outcome, reason, lane)
-
-    def _count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
-        self.metrics.outcomes.labels(outcome=outcome.value, reason=reason.value, lane=lane.value).inc()
-
-    def admission_request(self, facts: RequestFacts) -> AdmissionRequest:
-        """The decision inputs for a request's facts."""
-        max_model_len = self._max_model_len()
-        return AdmissionRequest(
-            prompt_tokens=facts.prompt_tokens,
-            sequence_tokens=facts.sequence_tokens(max_model_len),
-            reserved_tokens=facts.reserved_tokens(max_model_len),
-            count_is_exact=facts.exact,
-        )
-
-    def refuse_early(self, reason: Reason, message: str, lane: Lane = Lane.SHORT) -> RefusedError:
-        """Count and build a refusal decided before admission (bad body, body too large)."""
-        self._count(Outcome.REFUSED, reason, lane)
-        return RefusedError(reason, message)
-
-    async def admit(self, facts: RequestFacts, *, tenant: str, priority: int, wait_limit: float) -> Ticket:
-        """Admit now, or after waiting; raises :class:`RefusedError` or :class:`DroppedError`."""
-        request = self.admission_request(facts)
-        lane = lane_of(request.prompt_tokens, self.config, self._max_model_len())
-        decision = decide(request, self._view(lane, request), self.config)
-        if decision.action is Action.ADMIT:
-            return self._grant(lane, request, 0.0)
-        if decision.action is Action.REFUSE:
-            self._count(Outcome.REFUSED, decision.reason, lane)
-            raise RefusedError(decision.reason, _message(decision.reason, request, self._max_model_len()),
-                               retry_after=self._retry_for(decision.reason, lane))  # fmt: skip
-        return await self._wait(lane, request, tenant, priority, wait_limit)
-
-    def _retry_for(self, reason: Reason, lane: Lane) -> int | None:
+    def _retry_for(self, reason: Reason, waiter: _Waiter, position: int | None = None) -> int | None:
         if reason in {Reason.KV_PRESSURE, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT}:
-            return self.retry_after(reason, lane)
+            demand, pool = self._demand(waiter.facts, waiter.hashes), self._pool()
+            own = self.ledger.added_blocks(demand, pool.block_size) if demand and pool else 0
+            return self.retry_after(reason, waiter.lane, position, own)
         if reason is Reason.DRAINING:
             return clamp_retry_after(self.detector.settings.window)
         return None
 
-    async def _wait(
-        self, lane: Lane, request: AdmissionRequest, tenant: str, priority: int, wait_limit: float
-    ) -> Ticket:
-        waiter = _Waiter(request=request, lane=lane, enqueued_at=self._clock())
-        entry = QueueEntry(priority=priority, tenant=tenant, tokens=request.reserved_tokens, payload=waiter)
-        queue = self.queues[lane]
+    # -- admission ---------------------------------------------------------------------------------
+
+    def _grant(self, waiter: _Waiter, waited: float, *, queued: bool = False) -> Ticket:
+        now = self._clock()
+        holding = None
+        if self.policy() is AdmissionMode.CAPACITY:
+            demand = self._demand(waiter.facts, waiter.hashes)
+            if demand is not None:
+                holding = self.ledger.add(demand, self.steps.bounds(now))
+        self.inflight[waiter.lane] += 1
+        self.reserved_tokens += waiter.request.reserved_tokens
+        facts = waiter.facts
+        return Ticket(
+            lane=waiter.lane,
+            reserved_tokens=waiter.request.reserved_tokens,
+            admitted_at=now,
+            waited=waited,
+            queued=queued,
+            holding=holding,
+            sequences=facts.sequences,
+            prompts=facts.prompts,
+            route=facts.route,
+            model=facts.model,
+            stream=facts.stream,
+        )
+
+    def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
+        """Count one request's outcome (the proxy counts admissions once the engine has the request)."""
+        self.metrics.outcomes.labels(outcome=outcome.value, reason=reason.value, lane=lane.value).inc()
+
+    def lane_of(self, facts: RequestFacts) -> Lane:
+        """The lane ``facts`` travels in."""
+        return lane_of(facts.prompt_tokens, self.config, self._max_model_len())
+
+    async def admit(self, facts: RequestFacts, *, tenant: str, priority: int, wait_limit: float) -> Ticket:
+        """Admit now, or after waiting; raises :class:`RefusedError` or :class:`DroppedError`."""
+        max_model_len = self._max_model_len()
+        refusal = engine_refusal(facts, max_model_len)
+        request = AdmissionRequest(
+            prompt_tokens=facts.prompt_tokens,
+            reserved_tokens=_token_reservation(facts, max_model_len),
+            refusal=refusal.reason if refusal else None,
+        )
+        waiter = _Waiter(facts, request, self.lane_of(facts), self._clock(), self._hashes(facts))
+        decision = decide(request, self._view(waiter), self.config)
+        if decision.action is Action.ADMIT:
+            return self._grant(waiter, 0.0)
+        if decision.action is Action.REFUSE:
+            self.count(Outcome.REFUSED, decision.reason, waiter.lane)
+            if refusal is not None:
+                raise refusal
+            raise RefusedError(
+                decision.reason,
+                _message(decision.reason),
+                retry_after=self._retry_for(decision.reason, waiter),
+            )
+        return await self._wait(waiter, tenant, priority, wait_limit)
+
+    async def _wait(self, waiter: _Waiter, tenant: str, priority: int, wait_limit: float) -> Ticket:
+        entry = QueueEntry(
+            priority=priority, tenant=tenant, tokens=waiter.request.reserved_tokens, payload=waiter
+        )
+        queue = self.queues[waiter.lane]
         queue.push(entry)
         self.dispatch()
         try:
             async with asyncio.timeout(wait_limit):
-                ticket = await asyncio.shield(waiter.future)
+                return await asyncio.shield(waiter.future)
         except TimeoutError:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 return waiter.future.result()  # granted in the same instant
@@ -251,8 +372,8 @@ class AdmissionController:
             self._left_queue(waiter, Outcome.DROPPED, Reason.QUEUE_TIMEOUT)
             raise DroppedError(
                 Reason.QUEUE_TIMEOUT,
-                f"waited {wait_limit:g}s in the {lane.value} lane's queue without a slot",
-                retry_after=self.retry_after(Reason.QUEUE_TIMEOUT, lane, position),
+                f"waited {wait_limit:g}s in the {waiter.lane.value} lane's queue for room in the KV cache",
+                retry_after=self._retry_for(Reason.QUEUE_TIMEOUT, waiter, position),
             ) from None
         except asyncio.CancelledError:  # the caller counts the cancellation (it knows the whole request)
             if queue.remove(entry):
@@ -262,53 +383,120 @@ class AdmissionController:
             elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 self.release(waiter.future.result(), completed=False)  # granted, but the client is gone
             raise
-        except DroppedError:
-            raise
-        return ticket
 
     def _left_queue(self, waiter: _Waiter, outcome: Outcome, reason: Reason) -> None:
         self.metrics.queue_wait.labels(lane=waiter.lane.value).observe(self._clock() - waiter.enqueued_at)
-        self._count(outcome, reason, waiter.lane)
+        self.count(outcome, reason, waiter.lane)
+
+    def _long_head_has_waited(self, now: float) -> bool:
+        head = self.queues[Lane.LONG].peek()
+        return head is not None and now - head.payload.enqueued_at >= self.config.long_wait_priority
+
+    def _dispatch_lane(self, lane: Lane) -> bool:
+        """Grant the lane's heads while they are admitted; ``True`` when its head still waits."""
+        queue = self.queues[lane]
+        while (entry := queue.peek()) is not None:
+            waiter = entry.payload
+            if waiter.future.done():
+                queue.remove(entry)
+                continue
+            if (
+                decide(waiter.request, self._view(waiter, as_head=True), self.config).action
+                is not Action.ADMIT
+            ):
+                return True
+            queue.pop()
+            waited = self._clock() - waiter.enqueued_at
+            self.metrics.queue_wait.labels(lane=lane.value).observe(waited)
+            waiter.future.set_result(self._grant(waiter, waited, queued=True))
+        return False
 
     def dispatch(self) -> None:
-        """Grant queued requests while ``decide`` admits the head of their lane."""
-        for lane, queue in self.queues.items():
-            while (entry := queue.peek()) is not None:
-                waiter = entry.payload
-                if waiter.future.done():
-                    queue.remove(entry)
-                    continue
-                decision = decide(waiter.request, self._view(lane, waiter.request, as_head=True), self.config)
-                if decision.action is not Action.ADMIT:
-                    break
-                queue.pop()
-                waited = self._clock() - waiter.enqueued_at
-                self.metrics.queue_wait.labels(lane=lane.value).observe(waited)
-                waiter.future.set_result(self._grant(lane, waiter.request, waited, queued=True))
+        """Grant queued requests while ``decide`` admits the head of their lane (see the module docstring)."""
+        if self.policy() is AdmissionMode.CAPACITY and self._long_head_has_waited(self._clock()):
+            if not self._dispatch_lane(Lane.LONG):
+                self._dispatch_lane(Lane.SHORT)
+            return
+        for lane in (Lane.SHORT, Lane.LONG):
+            self._dispatch_lane(lane)
 
-    def release(self, ticket: Ticket, *, completed: bool = True) -> None:
-        """The response to an admitted request has ended: free its slot and let waiters in."""
+    def progress(self, ticket: Ticket, generated: int) -> None:
+        """A streaming answer has reached ``generated`` tokens per sequence."""
+        if ticket.holding is not None and (holding := self.ledger.holdings.get(ticket.holding)) is not None:
+            holding.generated = max(holding.generated, generated)
+
+    def release(
+        self, ticket: Ticket, *, completed: bool = True, completion_tokens: int | None = None
+    ) -> None:
+        """The response to an admitted request has ended: free its slot and blocks, learn, let waiters in."""
         if ticket.released:
             return
         ticket.released = True
+        now = self._clock()
         self.inflight[ticket.lane] -= 1
         self.reserved_tokens -= ticket.reserved_tokens
+        holding = self.ledger.remove(ticket.holding) if ticket.holding is not None else None
         if completed:
-            self.stats[ticket.lane].record(self._clock() - ticket.admitted_at)
+            self.stats[ticket.lane].record(now - ticket.admitted_at)
+        per_sequence = None
+        if completion_tokens is not None and completed:
+            per_sequence = math.ceil(completion_tokens / max(1, ticket.sequences))
+            self.outputs.record(ticket.route, ticket.model, per_sequence)
+        pool = self._pool()
+        if holding is not None and pool is not None and completed:
+            generated = per_sequence if per_sequence is not None else holding.demand.expected_output
+            held = holding.demand.private_blocks(generated, 0, pool.block_size) + len(
+                holding.demand.all_hashes
+            )
+            self.releases.record(now, held)
         self.dispatch()
 
-    def observe(self, now: float, usage: float | None, *, stale: bool) -> None:
-        """Feed a scrape's KV usage to the detector, count transitions, and dispatch."""
+    def observe(
+        self,
+        now: float,
+        usage: float | None,
+        *,
+        stale: bool,
+        steps: float | None = None,
+        waiting: float | None = None,
+    ) -> None:
+        """Feed a scrape: the detector, the step clock, the live gauge, the pressure cap; then dispatch."""
+        self._observed = True
         before = self.detector.state
         after = self.detector.observe(now, usage, stale=stale)
         if after is not before:
             self.metrics.transitions.labels(to=after.value).inc()
+        self.steps.observe(now, steps)
+        pool = self._pool()
+        if usage is not None and not stale and pool is not None:
+            self.ledger.observe_usage(
+                usage * pool.blocks, self.steps.bounds(now), pool.block_size, waiting=waiting
+            )
+        self._update_cap(now)
         self.dispatch()
+
+    def _update_cap(self, now: float) -> None:
+        if (
+            self.policy() is not AdmissionMode.CAPACITY
+            or self.pressure_state(now) is not PressureState.PRESSURE
+        ):
+            self.concurrency_cap = None
+            return
+        settings = self.detector.settings
+        if self.concurrency_cap is None:
+            self.concurrency_cap = max(1, self.total_inflight - 1)
+            self._cap_changed_at = now
+        elif (
+            now - self._cap_changed_at >= settings.window
+            and (self.detector.last_usage or 0.0) >= settings.release_threshold
+        ):
+            self.concurrency_cap = max(1, self.concurrency_cap - 1)
+            self._cap_changed_at = now
 
     def start_drain(self) -> None:
         """Refuse new requests and let every queued one go with 503 ``draining``."""
         self.draining = True
-        for lane, queue in self.queues.items():
+        for queue in self.queues.values():
             for entry in queue.drain():
                 waiter = entry.payload
                 if waiter.future.done():
@@ -318,23 +506,12 @@ class AdmissionController:
                     DroppedError(
                         Reason.DRAINING,
                         "the sidecar is shutting down",
-                        retry_after=self._retry_for(Reason.DRAINING, lane),
+                        retry_after=self._retry_for(Reason.DRAINING, waiter),
                     )
                 )
 
-    @property
-    def total_inflight(self) -> int:
-        """Admitted requests whose responses have not ended."""
-        return sum(self.inflight.values())
 
-
-def _message(reason: Reason, request: AdmissionRequest, max_model_len: int | None) -> str:
-    if reason is Reason.CONTEXT_LENGTH_EXCEEDED:
-        return (
-            f"this request needs {request.sequence_tokens} tokens "
-            f"(prompt {request.prompt_tokens} plus output) "
-            f"but the model's context length is {max_model_len}: shorten the prompt or lower max_tokens"
-        )
+def _message(reason: Reason) -> str:
     if reason is Reason.KV_PRESSURE:
         return (
             "the KV cache has been above its pressure threshold; long prompts are refused until it recovers"
@@ -344,35 +521,3 @@ def _message(reason: Reason, request: AdmissionRequest, max_model_len: int | Non
     if reason is Reason.DRAINING:
         return "the sidecar is shutting down; retry on another replica"
     return reason.value
-
-
-class AdmissionCollector(Collector):
-    """Queue depth, in-flight requests, reserved tokens and the pressure state, read at scrape time."""
-
-    def __init__(self, controller: AdmissionController) -> None:
-        self._controller = controller
-
-    def collect(self) -> list[Metric]:
-        """The gauges."""
-        controller = self._controller
-        depth = GaugeMetricFamily(
-            "kv_sidecar_queue_depth", "Requests waiting in the admission queue.", labels=["lane"]
-        )
-        inflight = GaugeMetricFamily(
-            "kv_sidecar_inflight_requests",
-            "Admitted generation requests whose responses have not ended.",
-            labels=["lane"],
-        )
-        for lane in Lane:
-            depth.add_metric([lane.value], float(len(controller.queues[lane])))
-            inflight.add_metric([lane.value], float(controller.inflight[lane]))
-        state = GaugeMetricFamily(
-            "kv_sidecar_pressure_state", "1 while admission acts under KV pressure (effective state), else 0."
-        )
-        state.add_metric([], 1.0 if controller.detector.effective is PressureState.PRESSURE else 0.0)
-        reserved = GaugeMetricFamily(
-            "kv_sidecar_reserved_kv_tokens",
-            "KV tokens reserved by in-flight requests (token-budget accounting).",
-        )
-        reserved.add_metric([], float(controller.reserved_tokens))
-        return [depth, inflight, state, reserved]

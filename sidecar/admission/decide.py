@@ -2,25 +2,32 @@
 
 Theory of operation
 -------------------
-The sidecar keeps two lanes, split at ``long_prompt_tokens`` prompt tokens (default: half of
-``max_model_len`` when known, else 16,384: the seeds' "16K of 32K"). The order of the questions
-is the contract:
+Three policies (``--admission``), one order of questions:
 
-1. **Never fits**: prompt + output (per sequence) > ``max_model_len`` -> 400
-   ``context-length-exceeded``; vLLM would refuse it anyway, so it never reaches the engine. Only
-   asked when the prompt count is exact (tokenizer, token ids) or bounded by the body size.
+* ``capacity`` (the default): a request is admitted when the engine's KV pool can hold it beside
+  what every in-flight request will hold over its lifetime, block-exactly
+  (:mod:`sidecar.admission.capacity` answers ``fits``). Long requests run as many at once as fit.
+  Under sustained pressure (the live gauge at or above 0.85 for the window) the admitted
+  concurrency is lowered one step per window (the seeds' "lower ``max_num_seqs`` one step and let
+  requests queue"), until usage falls under the release threshold.
+* ``lanes``: the seeds' gateway rule without capacity accounting: at most
+  ``long_lane_concurrency`` long prompts at once; the rest queue. It is also what ``capacity``
+  falls back to while no pool is known (no ``cache_config_info`` and no prediction).
+* ``token-budget``: every in-flight request reserves prompt + its bound in tokens against the pool.
+
+The questions, in order:
+
+1. **The engine would refuse it** (:mod:`sidecar.admission.parity`) -> 400, before any waiting.
 2. **Draining** -> 503 ``draining``.
 3. **Pressure** (the detector's effective state is ``PRESSURE``): long requests queue
-   (``--on-pressure queue``) or are refused with 429 ``kv-pressure`` (``reject``); short ones pass.
-4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking).
-5. **Token budget** (``--admission token-budget``): every in-flight request reserves its peak KV
-   tokens (prompt + output) against the engine's pool; a request that does not fit the remainder
-   queues. This prevents preemption instead of reacting to it.
-6. **Long-lane cap**: at most ``long_lane_concurrency`` long requests run at once (default 1: the
-   seed's "one lane to itself"); the rest queue.
-7. Otherwise: admit.
+   (``--on-pressure queue``) or are refused with 429 ``kv-pressure`` (``reject``).
+4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking in a lane).
+5. The policy's own question: ``capacity``: the pressure concurrency cap, then ``fits``;
+   ``token-budget``: the token reservation; ``lanes``: the long-lane cap.
+6. Otherwise: admit.
 
-A "queue" decision becomes 429 ``queue-full`` when the lane's queue has no room.
+A "queue" decision becomes 429 ``queue-full`` when the lane's queue has no room. Lanes split at
+``long_prompt_tokens`` (default: half of ``max_model_len``, else 16,384: the seeds' "16K of 32K").
 """
 
 from __future__ import annotations
@@ -31,6 +38,14 @@ from enum import StrEnum
 from sidecar.admission.outcomes import Lane, Reason
 
 DEFAULT_LONG_PROMPT_TOKENS = 16_384
+
+
+class AdmissionMode(StrEnum):
+    """The admission policy (``--admission``)."""
+
+    CAPACITY = "capacity"
+    LANES = "lanes"
+    TOKEN_BUDGET = "token-budget"  # noqa: S105 - a policy name, not a secret
 
 
 class Action(StrEnum):
@@ -48,7 +63,15 @@ class AdmissionConfig:
     long_prompt_tokens: int | None = None  # None: half of max_model_len, else 16384
     long_lane_concurrency: int = 1
     on_pressure: str = "queue"  # or "reject"
-    mode: str = "lanes"  # or "token-budget"
+    mode: AdmissionMode = AdmissionMode.CAPACITY
+    long_wait_priority: float = 10.0  # seconds a long head waits before shorts stop overtaking it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", AdmissionMode(self.mode))
+        if self.on_pressure not in {"queue", "reject"}:
+            raise ValueError("on_pressure must be 'queue' or 'reject'")
+        if self.long_lane_concurrency < 1:
+            raise ValueError("the long lane needs a concurrency of at least 1")
 
     def long_threshold(self, max_model_len: int | None) -> int:
         """The prompt size at which a request joins the long lane."""
@@ -68,7 +91,11 @@ class AdmissionView:
     queued_in_lane: int
     queue_has_room: bool
     pool_tokens: int | None = None  # the engine's KV pool, for token-budget mode
-    reserved_tokens: int = 0  # tokens reserved by in-flight requests
+    reserved_tokens: int = 0  # tokens reserved by in-flight requests (token-budget)
+    policy: AdmissionMode = AdmissionMode.LANES  # the policy in effect (capacity falls back to lanes)
+    fits: bool = True  # capacity: the ledger's answer
+    inflight: int = 0
+    concurrency_cap: int | None = None  # capacity under pressure
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +103,8 @@ class AdmissionRequest:
     """The request as admission sees it."""
 
     prompt_tokens: int
-    sequence_tokens: int  # prompt + output of one sequence (open-ended output: max_model_len)
-    reserved_tokens: int  # peak KV tokens over all choices
-    count_is_exact: bool  # only an exact prompt count may refuse with 400
+    reserved_tokens: int  # token-budget: peak KV tokens over all sequences
+    refusal: Reason | None = None  # set when the engine would refuse it (see sidecar.admission.parity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,37 +121,38 @@ def lane_of(prompt_tokens: int, config: AdmissionConfig, max_model_len: int | No
     return Lane.LONG if prompt_tokens >= config.long_threshold(max_model_len) else Lane.SHORT
 
 
-def decide(  # noqa: PLR0911 - one return per question, in the documented order
-    request: AdmissionRequest, view: AdmissionView, config: AdmissionConfig
-) -> Decision:
+def _policy_says_wait(
+    request: AdmissionRequest, view: AdmissionView, config: AdmissionConfig, lane: Lane
+) -> bool:
+    if view.policy is AdmissionMode.CAPACITY:
+        if view.concurrency_cap is not None and view.inflight >= view.concurrency_cap:
+            return True
+        return not view.fits
+    if view.policy is AdmissionMode.TOKEN_BUDGET:
+        return (
+            view.pool_tokens is not None
+            and view.reserved_tokens > 0
+            and view.reserved_tokens + request.reserved_tokens > view.pool_tokens
+        )
+    return lane is Lane.LONG and view.long_inflight >= config.long_lane_concurrency
+
+
+def decide(request: AdmissionRequest, view: AdmissionView, config: AdmissionConfig) -> Decision:
     """Admit, queue or refuse; see the module docstring for the order of the questions."""
     lane = lane_of(request.prompt_tokens, config, view.max_model_len)
-    if (
-        view.max_model_len is not None
-        and request.count_is_exact
-        and request.sequence_tokens > view.max_model_len
-    ):
-        return Decision(Action.REFUSE, lane, Reason.CONTEXT_LENGTH_EXCEEDED)
+    if request.refusal is not None:
+        return Decision(Action.REFUSE, lane, request.refusal)
     if view.draining:
         return Decision(Action.REFUSE, lane, Reason.DRAINING)
     queue = (
         Decision(Action.QUEUE, lane, Reason.QUEUED)
         if view.queue_has_room
-        else (Decision(Action.REFUSE, lane, Reason.QUEUE_FULL))
+        else Decision(Action.REFUSE, lane, Reason.QUEUE_FULL)
     )
     if view.pressure and lane is Lane.LONG:
         if config.on_pressure == "reject":
             return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
         return queue
-    if view.queued_in_lane > 0:
-        return queue
-    if (
-        config.mode == "token-budget"
-        and view.pool_tokens is not None
-        and view.reserved_tokens > 0
-        and view.reserved_tokens + request.reserved_tokens > view.pool_tokens
-    ):
-        return queue
-    if lane is Lane.LONG and view.long_inflight >= config.long_lane_concurrency:
+    if view.queued_in_lane > 0 or _policy_says_wait(request, view, config, lane):
         return queue
     return Decision(Action.ADMIT, lane, Reason.ADMITTED)

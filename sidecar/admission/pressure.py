@@ -12,8 +12,10 @@ A small state machine fed one KV-usage sample per scrape, with the time of the s
   around 0.85 does not flap the state.
 * Stale or missing samples (``usage is None``, or the caller says the metrics are stale) do not
   move the state machine; :meth:`PressureDetector.effective` then answers by the stale policy:
-  ``open`` admits as if ``NORMAL`` (the long-lane cap still holds), ``closed`` acts as if
-  ``PRESSURE``.
+  ``open`` admits as if ``NORMAL`` (the policy's own limits still hold), ``closed`` acts as if
+  ``PRESSURE``. Whether the metrics are stale is :class:`Staleness`'s answer, asked with the
+  clock's time *at each decision* (metrics go stale between scrapes too, when a scrape hangs), and
+  the same object answers ``/readyz``: there is one copy of the stale policy.
 
 Everything is pure: times come in as arguments, nothing reads a clock.
 """
@@ -31,14 +33,43 @@ class PressureState(StrEnum):
     PRESSURE = "pressure"
 
 
+class StaleMode(StrEnum):
+    """What admission and readiness do while the engine's metrics are stale."""
+
+    OPEN = "open"  # admit as if calm; /readyz stays 200
+    CLOSED = "closed"  # act as if under pressure; /readyz answers 503
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """When the engine's metrics stop counting, and the policy then: the one copy of both."""
+
+    after: float = 3.0
+    policy: StaleMode = StaleMode.OPEN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", StaleMode(self.policy))
+        if self.after <= 0:
+            raise ValueError("stale-after must be positive")
+
+    def is_stale(self, up: bool | None, age: float | None) -> bool:
+        """Whether metrics of ``age`` seconds from an engine that is ``up`` are stale."""
+        return not up or age is None or age > self.after
+
+
 @dataclass(frozen=True, slots=True)
 class PressureSettings:
-    """Thresholds, window and stale policy."""
+    """Thresholds and window."""
 
     enter_threshold: float = 0.85
     release_threshold: float = 0.80
     window: float = 5.0
-    stale_policy: str = "open"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.release_threshold <= self.enter_threshold <= 1:
+            raise ValueError("thresholds must satisfy 0 < release <= pressure <= 1")
+        if self.window < 0:
+            raise ValueError("the pressure window cannot be negative")
 
 
 class PressureDetector:
@@ -86,13 +117,8 @@ class PressureDetector:
             self.transitions += 1
         return self.state
 
-    def mark_stale(self) -> None:
-        """The metrics went stale (engine unreachable): stop trusting the last sample."""
-        self.stale = True
-
-    @property
-    def effective(self) -> PressureState:
-        """The state admission acts on: the raw state, or the stale policy's answer while stale."""
-        if self.stale:
-            return PressureState.PRESSURE if self.settings.stale_policy == "closed" else PressureState.NORMAL
+    def effective(self, stale: bool, policy: StaleMode) -> PressureState:
+        """The state admission acts on: the raw state, or the stale policy's answer while ``stale``."""
+        if stale:
+            return PressureState.PRESSURE if policy is StaleMode.CLOSED else PressureState.NORMAL
         return self.state

@@ -1,5 +1,10 @@
 """``Retry-After``: how long a refused client should wait, computed from what the sidecar observes.
 
+* **Capacity-based** (``queue-full``, ``queue-timeout`` under the ``capacity`` policy): a request
+  at queue position ``p`` starts once the blocks of the ``p`` requests ahead of it and its own have
+  been released, beyond those free now: ``(ahead + own - free) / r`` with ``r`` the observed release
+  rate of blocks (per second, over the last 30 s of completions). Before two releases have been
+  seen, the queue-based estimate below stands in.
 * **Queue-based** (``queue-full``, ``queue-timeout``): the lane serves ``concurrency`` requests at a
   time and each takes the lane's recent mean service time ``s`` (an exponentially weighted mean of
   the last completions); a client at position ``p`` waits about ``(p + 1) x s / concurrency``.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MIN_RETRY_AFTER = 1.0
 MAX_RETRY_AFTER = 300.0
@@ -37,12 +42,9 @@ class ServiceStats:
     """Recent service times of one lane (admit -> response finished)."""
 
     mean_seconds: float | None = None
-    completions: int = 0
-    _recent: list[float] = field(default_factory=list)
 
     def record(self, seconds: float) -> None:
         """One request of the lane finished after ``seconds``."""
-        self.completions += 1
         if self.mean_seconds is None:
             self.mean_seconds = seconds
         else:
@@ -53,6 +55,18 @@ def queue_wait_estimate(position: int, concurrency: int, stats: ServiceStats, fa
     """Seconds until a request at ``position`` (0 = next) would start."""
     service = stats.mean_seconds if stats.mean_seconds is not None else fallback
     return (position + 1) * service / max(1, concurrency)
+
+
+def capacity_wait_estimate(
+    blocks_ahead: int, blocks_needed: int, free_blocks: int, release_rate: float | None
+) -> float | None:
+    """Seconds until enough blocks are released behind ``blocks_ahead``; ``None``: no rate seen yet."""
+    missing = blocks_ahead + blocks_needed - max(0, free_blocks)
+    if missing <= 0:
+        return 0.0
+    if not release_rate:
+        return None
+    return missing / release_rate
 
 
 def usage_fall_rate(samples: Sequence[tuple[float, float]], now: float) -> float | None:

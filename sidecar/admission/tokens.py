@@ -11,12 +11,22 @@ English prose +18%, Chinese prose +52%, Python source -15% to +5%, JSON log line
 ``/metrics`` page -5% (``tests/unit/test_tokens.py`` holds these bands). The estimate leans high for
 natural language, the safe side for lane and pressure decisions; the never-fits check (HTTP 400)
 only refuses on exact counts (a tokenizer, or prompts given as token ids).
+
+**Chat prompts** are counted exactly the way vLLM builds them: the model's own ``chat_template``
+(``tokenizer_config.json``, or ``chat_template.jinja`` beside it) rendered with ``jinja2`` in the
+sandboxed environment transformers' ``apply_chat_template`` sets up (``trim_blocks``,
+``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``, ``strftime_now``, the special
+tokens as variables), then tokenized without adding special tokens (vLLM's chat default,
+``add_special_tokens=False``). A template that fails to render falls back to the estimate.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,12 +54,27 @@ _CJK = re.compile("[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in _CJK_
 
 
 class TokenCounter(Protocol):
-    """Counts the tokens of a text; ``exact`` says whether it is the model's own tokenizer."""
+    """Counts tokens; ``exact`` says whether it is the model's own tokenizer."""
 
     exact: bool
 
     def count(self, text: str) -> int:
         """Tokens in ``text``."""
+        ...
+
+    def tokens(self, text: str) -> list[int] | None:
+        """The token ids of ``text``, or ``None`` when the counter only estimates."""
+        ...
+
+    def chat_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> list[int] | None:
+        """The token ids of a chat rendered through the model's template, or ``None`` when it cannot."""
         ...
 
 
@@ -69,13 +94,114 @@ class EstimatingCounter:
         other_bytes = len(text.encode("utf-8")) - cjk_bytes - digits
         return cjk + digits + math.ceil(other_bytes / BYTES_PER_TOKEN)
 
+    def tokens(self, text: str) -> list[int] | None:
+        """An estimate has no token ids."""
+        return None
+
+    def chat_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> list[int] | None:
+        """An estimate cannot render a template."""
+        return None
+
+
+def _special_token(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
+        return content
+    return None
+
+
+class ChatTemplate:
+    """A model's chat template, compiled once, rendered as transformers renders it."""
+
+    SPECIAL_TOKENS = (
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+    )
+
+    def __init__(self, source: str, config: dict[str, Any]) -> None:
+        import jinja2.ext  # noqa: PLC0415 - optional dependency (the tokens extra)
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(
+            value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Sequence[str] | None = None, sort_keys: bool = False,
+        ) -> str:  # fmt: skip
+            seps = (separators[0], separators[1]) if separators is not None else None
+            return json.dumps(
+                value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
+            )
+
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        environment.filters["tojson"] = tojson
+        environment.globals["raise_exception"] = raise_exception
+        environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
+        self._template = environment.from_string(source)
+        self._specials = {
+            name: token
+            for name in self.SPECIAL_TOKENS
+            if (token := _special_token(config.get(name))) is not None
+        }
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool,
+        extra: dict[str, Any] | None,
+    ) -> str:  # fmt: skip
+        """The prompt text vLLM would tokenize."""
+        variables = {**(extra or {}), **self._specials}
+        return self._template.render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> ChatTemplate | None:
+        """A model directory's template (``chat_template.jinja`` or ``tokenizer_config.json``), if any."""
+        config_path = directory / "tokenizer_config.json"
+        try:
+            config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        except (OSError, ValueError):
+            config = {}
+        source: Any = None
+        if (directory / "chat_template.jinja").is_file():
+            source = (directory / "chat_template.jinja").read_text()
+        else:
+            source = config.get("chat_template")
+            if isinstance(source, list):  # named templates: vLLM uses "default"
+                named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+                source = named.get("default")
+        if not isinstance(source, str):
+            return None
+        try:
+            return cls(source, config)
+        except ImportError:
+            return None
+        except Exception:  # noqa: BLE001 - jinja2 raises many kinds on a template it cannot compile
+            return None
+
 
 class TokenizerCounter:
-    """Exact counts with a Hugging Face ``tokenizer.json``."""
+    """Exact counts with a Hugging Face ``tokenizer.json`` (and the model's chat template when it has one)."""
 
     exact = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, template: ChatTemplate | None = None) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -86,20 +212,43 @@ class TokenizerCounter:
             self._tokenizer: Any = Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - the Rust binding raises a bare Exception
             raise ConfigError(f"cannot load {path}: {exc}") from None
+        self._template = template
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def tokens(self, text: str) -> list[int] | None:
+        """The token ids of ``text`` (no special tokens added)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def chat_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        add_generation_prompt: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> list[int] | None:
+        """The chat rendered through the model's template and tokenized; ``None`` without a template."""
+        if self._template is None:
+            return None
+        try:
+            text = self._template.render(messages, tools, add_generation_prompt, extra)
+        except Exception:  # noqa: BLE001 - a template may raise anything on unusual messages
+            return None
+        return self.tokens(text)
 
 
 def load_counter(model: str | None) -> TokenCounter:
     """The exact counter when ``model`` is a directory with ``tokenizer.json`` and tokenizers is installed."""
     if model:
         path = Path(model).expanduser()
-        candidate = path / "tokenizer.json" if path.is_dir() else path.parent / "tokenizer.json"
+        directory = path if path.is_dir() else path.parent
+        candidate = directory / "tokenizer.json"
         if path.exists() and candidate.is_file():
             try:
-                return TokenizerCounter(candidate)
+                return TokenizerCounter(candidate, ChatTemplate.load(directory))
             except ConfigError:
                 return EstimatingCounter()
     return EstimatingCounter()

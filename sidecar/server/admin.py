@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from sidecar import __version__
 from sidecar.admission.controller import AdmissionController
+from sidecar.admission.pressure import StaleMode, Staleness
 from sidecar.budget.report import ledger_to_dict
 from sidecar.monitor.monitor import Monitor
 
@@ -35,7 +36,7 @@ class Lifecycle:
     """Process-wide flags the admin endpoints report; owned by the application."""
 
     draining: bool = False
-    stale_policy: str = "open"
+    staleness: Staleness = field(default_factory=Staleness)
 
 
 def _finite(value: float | None) -> float | None:
@@ -68,14 +69,24 @@ def budget_document(monitor: Monitor) -> dict[str, Any]:
 def admission_document(controller: AdmissionController) -> dict[str, Any]:
     """The admission part of ``GET /status``: pressure, queues, in-flight requests."""
     detector = controller.detector
+    now = controller.now()
+    policy = controller.policy()
     return {
+        "policy": {
+            "requested": controller.config.mode.value,
+            "effective": policy.value,
+            "fallback": None if policy is controller.config.mode else "no KV pool or max_model_len known yet",
+        },
         "pressure": {
             "state": detector.state.value,
-            "effective": detector.effective.value,
-            "stale": detector.stale,
+            "effective": controller.pressure_state(now).value,
+            "stale": controller.is_stale(now),
             "kv_cache_usage_ratio": detector.last_usage,
             "transitions": detector.transitions,
+            "concurrency_cap": controller.concurrency_cap,
         },
+        "kv_blocks": controller.block_figures(now),
+        "output_bounds": controller.outputs.bounds(),
         "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
         "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},
         "inflight": {lane.value: count for lane, count in controller.inflight.items()},
@@ -138,7 +149,9 @@ def build_admin_app(  # noqa: PLR0917 - the app's collaborators, each passed exp
     async def readyz(_: web.Request) -> web.Response:
         if lifecycle.draining:
             return web.json_response({"ready": False, "reason": "draining"}, status=503)
-        if not monitor.engine.up and lifecycle.stale_policy == "closed":
+        engine = monitor.engine
+        stale = lifecycle.staleness.is_stale(engine.up, engine.metrics_age(clock()))
+        if stale and lifecycle.staleness.policy is StaleMode.CLOSED:
             return web.json_response({"ready": False, "reason": "engine-unavailable"}, status=503)
         return web.json_response({"ready": True, "engine_up": bool(monitor.engine.up)})
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,6 +168,43 @@ def tenant_of(request: web.Request, header: str) -> str:
 
 class _BodyTooLargeError(Exception):
     pass
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_TAIL_BYTES = 4096
+
+
+class _AnswerLength:
+    """How long an answer is: its ``usage.completion_tokens``, else its streamed events counted.
+
+    vLLM streams one ``data:`` event per generated token and choice (``stream_interval`` 1), closed
+    by ``data: [DONE]``; a JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
+    """
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.stream = ticket.stream
+        self.events = 0
+        self._tail = b""
+        self.usage_seen = False
+
+    def feed(self, chunk: bytes) -> int | None:
+        """Take one chunk; for a stream, the tokens per sequence so far."""
+        self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
+        if not self.stream:
+            return None
+        self.events += chunk.count(b"data:")
+        return self.events // max(1, self.ticket.sequences)
+
+    def completion_tokens(self) -> int | None:
+        """The answer's output tokens over all choices, or ``None`` when unknown."""
+        found = _COMPLETION_TOKENS.findall(self._tail)
+        if found:
+            self.usage_seen = True
+            return int(found[-1])
+        if self.stream and self.events:
+            return max(0, self.events - 1)  # less the closing [DONE]
+        return None
 
 
 class _Account:
@@ -399,12 +437,15 @@ class Proxy:
             response.headers.extend(_response_headers(upstream.headers))
             await response.prepare(request)
             first = True
+            answer = _AnswerLength(ticket) if ticket is not None and upstream.status == 200 else None
             try:
                 async for chunk in upstream.content.iter_any():
                     if first:
                         self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
                         first = False
                     await response.write(chunk)
+                    if answer is not None and (generated := answer.feed(chunk)) is not None:
+                        self.controller.progress(answer.ticket, generated)
             except (
                 aiohttp.ClientError,
                 TimeoutError,
@@ -417,6 +458,11 @@ class Proxy:
                 return response
             await response.write_eof()
             complete = True
+            if answer is not None:
+                answer.ticket.completion_tokens = answer.completion_tokens()
+                source = "usage" if answer.usage_seen else "stream"
+                if answer.ticket.completion_tokens is not None:
+                    self.controller.metrics.output_samples.labels(source=source).inc()
             return response
         finally:
             if complete:

@@ -28,6 +28,8 @@ SWAPPED: Final = "vllm:num_requests_swapped"
 PREEMPTIONS: Final = "vllm:num_preemptions_total"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+ITERATIONS: Final = "vllm:iteration_tokens_total_count"
+"""Engine steps (the tokens-per-step histogram's count): a step gives a sequence at most one token."""
 PREFIX_QUERIES: Final = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS: Final = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 CACHE_CONFIG: Final = "vllm:cache_config_info"
@@ -42,6 +44,7 @@ WANTED: Final = (
     PREEMPTIONS,
     PROMPT_TOKENS,
     GENERATION_TOKENS,
+    ITERATIONS,
     *PREFIX_QUERIES,
     *PREFIX_HITS,
     CACHE_CONFIG,
@@ -123,6 +126,7 @@ class EngineValues:
     preemptions_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    iterations_total: float | None = None
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
@@ -168,6 +172,7 @@ class EngineSnapshot:
     preemptions_total = _Summed("Preemptions since the engine started, summed.")
     prompt_tokens_total = _Summed("Prompt tokens processed, summed.")
     generation_tokens_total = _Summed("Tokens generated, summed.")
+    iterations_total = _Summed("Engine steps since start, summed (an upper bound on any request's progress).")
     prefix_cache_queries_total = _Summed("Prefix-cache lookups (tokens), summed.")
     prefix_cache_hits_total = _Summed("Prefix-cache hits (tokens), summed.")
 
@@ -188,6 +193,7 @@ _SCALAR_FIELDS: Final = {
     PREEMPTIONS: "preemptions_total",
     PROMPT_TOKENS: "prompt_tokens_total",
     GENERATION_TOKENS: "generation_tokens_total",
+    ITERATIONS: "iterations_total",
     PREFIX_QUERIES[0]: "prefix_cache_queries_total",
     PREFIX_QUERIES[1]: "prefix_cache_queries_total",
     PREFIX_HITS[0]: "prefix_cache_hits_total",

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sidecar.admission.pressure import StaleMode, Staleness
 from sidecar.app import RunOptions, SidecarApp
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
@@ -89,7 +90,7 @@ async def start_sidecar(
             proxy=proxy,
             scrape=ScrapeSettings(interval=INTERVAL, timeout=scrape_timeout, max_backoff=0.2),
             nvml=False,
-            stale_policy=stale_policy,
+            staleness=Staleness(policy=StaleMode(stale_policy)),
             **overrides,
         ),
         inputs or PlanInputs(),

@@ -209,6 +209,7 @@ async def test_sigterm_under_load_loses_no_accepted_request(fake_vllm: FakeVllm)
         *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", f"127.0.0.1:{proxy}",
         "--admin-listen", f"127.0.0.1:{admin}", "--scrape-interval", "100ms", "--nvml", "off",
         "--pressure-window", "300ms", "--drain-timeout", "5s", "--long-prompt-tokens", "100",
+        "--admission", "lanes",  # short streams flow while long prompts queue behind pressure
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     base = f"http://127.0.0.1:{proxy}"

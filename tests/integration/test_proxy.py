@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from sidecar.admission.controller import QueueSettings
-from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.pressure import PressureSettings
 from tests.fake_vllm import FakeVllm
 from tests.integration.conftest import STARTED, RunningSidecar, start_sidecar
@@ -201,23 +201,67 @@ async def test_reject_mode_answers_429_with_a_computed_retry_after(fake_vllm: Fa
         await running.app.stop()
 
 
-async def test_long_lane_runs_one_at_a_time(fake_vllm: FakeVllm, proxied: RunningSidecar) -> None:
+async def test_long_lane_runs_one_at_a_time_under_the_lanes_policy(fake_vllm: FakeVllm) -> None:
+    running = await start_sidecar(
+        fake_vllm.url, proxy=True, pressure=FAST_PRESSURE, admission=AdmissionConfig(mode=AdmissionMode.LANES)
+    )
+    try:
+        fake_vllm.state.response_delay = 0.3
+        await eventually(lambda: _max_model_len_known(running))  # the lanes split at half of it
+        results = await asyncio.gather(
+            *(post(running.proxy, LONG) for _ in range(3)), post(running.proxy, SHORT)
+        )
+        assert [r[0] for r in results] == [200, 200, 200, 200]
+        assert fake_vllm.state.peak_running == 2  # one long + the short one
+    finally:
+        await running.app.stop()
+
+
+async def test_capacity_runs_as_many_long_requests_as_fit(
+    fake_vllm: FakeVllm, proxied: RunningSidecar
+) -> None:
+    """The fake's pool is 16 blocks of 128 (15 usable); 600 + 16 tokens are 5 blocks each."""
     fake_vllm.state.response_delay = 0.3
-    await eventually(lambda: _max_model_len_known(proxied))  # the lanes split at half of it
-    results = await asyncio.gather(*(post(proxied.proxy, LONG) for _ in range(3)), post(proxied.proxy, SHORT))
-    assert [r[0] for r in results] == [200, 200, 200, 200]
-    assert fake_vllm.state.peak_running == 2  # one long + the short one
+    await eventually(lambda: _max_model_len_known(proxied))
+    await eventually(lambda: _policy_is(proxied, "capacity"))
+    prompts = [[i, *LONG[1:]] for i in range(4)]  # distinct from the first token: no prefix is shared
+    results = await asyncio.gather(*(post(proxied.proxy, prompt) for prompt in prompts))
+    assert [r[0] for r in results] == [200] * 4
+    # 3 x 5 blocks fill the 15 (the gauge's 10% is theirs once they run); a fourth waits for a release
+    assert fake_vllm.state.peak_running == 3
 
 
-async def test_never_fits_is_400_without_reaching_the_engine(
+async def test_capacity_counts_a_shared_prefix_once(fake_vllm: FakeVllm, proxied: RunningSidecar) -> None:
+    """The same 600 ids: 4 full blocks shared, 1 private each, so all four run beside the gauge's 2."""
+    fake_vllm.state.response_delay = 0.3
+    await eventually(lambda: _policy_is(proxied, "capacity"))
+    results = await asyncio.gather(*(post(proxied.proxy, LONG) for _ in range(4)))
+    assert [r[0] for r in results] == [200] * 4
+    assert fake_vllm.state.peak_running == 4
+
+
+async def test_what_vllm_refuses_is_400_without_reaching_the_engine(
     fake_vllm: FakeVllm, proxied: RunningSidecar
 ) -> None:
     await eventually(lambda: _max_model_len_known(proxied))
-    code, headers, body = await post(proxied.proxy, list(range(1000)), max_tokens=100)
+    code, headers, body = await post(proxied.proxy, [1, 2], max_tokens=5000)  # vLLM always refuses this
+    assert (code, headers["X-KV-Sidecar-Reason"], body["error"]["param"]) == (
+        400,
+        "context-length-exceeded",
+        "max_tokens",
+    )
+    assert "max_tokens=5000" in body["error"]["message"]
+    code, _, body = await post(proxied.proxy, list(range(1024)), max_tokens=1)  # no room left for output
     assert code == 400
-    assert headers["X-KV-Sidecar-Reason"] == "context-length-exceeded"
-    assert "1100 tokens" in body["error"]["message"]
     assert fake_vllm.state.generation_requests == 0
+    assert (await post(proxied.proxy, list(range(1000)), max_tokens=100))[
+        0
+    ] == 200  # vLLM serves it, shortened
+    assert fake_vllm.state.generation_requests == 1
+
+
+async def _policy_is(sidecar: RunningSidecar, policy: str) -> bool:
+    return bool((await sidecar.get("/status")).json()["admission"]["policy"]["effective"] == policy)
 
 
 async def _max_model_len_known(sidecar: RunningSidecar) -> bool:
@@ -230,7 +274,7 @@ async def _max_model_len_known(sidecar: RunningSidecar) -> bool:
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "JSON object"),
         (b'{"prompt": 5}', "'prompt' must be"),
-        (b'{"prompt": "x", "max_tokens": -1}', "'max_tokens' must be"),
+        (b'{"prompt": "x", "max_tokens": "many"}', "'max_tokens' must be"),
         (b"\xff\xfe", "not valid UTF-8"),
         (b"[" * 100_000, "nests JSON too deeply"),
     ],
@@ -425,9 +469,9 @@ async def test_exact_counts_with_the_models_tokenizer(
         await eventually(lambda: _max_model_len_known(running))
         text = ENGLISH  # 313 tokens by the Qwen tokenizer
         assert (await post(running.proxy, text))[0] == 200  # 313 + 16 fit 1,024
-        code, headers, body = await post(running.proxy, text * 4)  # 1,252 + 16 do not; 6 KB: counted off-loop
+        code, headers, body = await post(running.proxy, text * 4)  # 1,252 >= 1,024; 6 KB: counted off-loop
         assert (code, headers["X-KV-Sidecar-Reason"]) == (400, "context-length-exceeded")
-        assert "1268 tokens" in body["error"]["message"]
+        assert "has 1252" in body["error"]["message"]
         assert fake_vllm.state.generation_requests == 1
     finally:
         await running.app.stop()

@@ -9,13 +9,14 @@ from hypothesis import strategies as st
 from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
+    AdmissionMode,
     AdmissionRequest,
     AdmissionView,
     decide,
     lane_of,
 )
 from sidecar.admission.outcomes import Lane, Reason
-from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState
+from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, StaleMode, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry, QueueFullError
 from sidecar.admission.retry import (
     ServiceStats,
@@ -28,12 +29,8 @@ from sidecar.admission.retry import (
 # -- decide -------------------------------------------------------------------------------------------
 
 
-def req(
-    prompt: int, output: int = 16, *, exact: bool = True, reserved: int | None = None
-) -> AdmissionRequest:
-    return AdmissionRequest(
-        prompt, prompt + output, reserved if reserved is not None else prompt + output, exact
-    )
+def req(prompt: int, *, reserved: int | None = None, refusal: Reason | None = None) -> AdmissionRequest:
+    return AdmissionRequest(prompt, reserved if reserved is not None else prompt + 16, refusal)
 
 
 def view(**changes: object) -> AdmissionView:
@@ -48,7 +45,9 @@ def view(**changes: object) -> AdmissionView:
     return AdmissionView(**{**base, **changes})  # type: ignore[arg-type]
 
 
-CONFIG = AdmissionConfig()
+CONFIG = AdmissionConfig(mode=AdmissionMode.LANES)
+CAPACITY = AdmissionConfig()
+CAP = AdmissionMode.CAPACITY
 
 
 @pytest.mark.parametrize(
@@ -66,13 +65,18 @@ def test_lanes(prompt: int, max_model_len: int | None, configured: int | None, l
     assert lane_of(prompt, AdmissionConfig(long_prompt_tokens=configured), max_model_len) is lane
 
 
+def test_capacity_is_the_default() -> None:
+    assert AdmissionConfig().mode is AdmissionMode.CAPACITY
+
+
 @pytest.mark.parametrize(
     ("request_", "view_", "config", "expected"),
     [
         (req(100), view(), CONFIG, (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),
-        (req(32768 - 16), view(), CONFIG, (Action.ADMIT, Lane.LONG, Reason.ADMITTED)),  # exactly max_model_len
-        (req(32768 - 15), view(), CONFIG, (Action.REFUSE, Lane.LONG, Reason.CONTEXT_LENGTH_EXCEEDED)),
-        (req(40000, exact=False), view(), CONFIG, (Action.ADMIT, Lane.LONG, Reason.ADMITTED)),  # estimates never 400
+        (req(100, refusal=Reason.CONTEXT_LENGTH_EXCEEDED), view(), CONFIG,
+         (Action.REFUSE, Lane.SHORT, Reason.CONTEXT_LENGTH_EXCEEDED)),  # the engine would refuse it: first
+        (req(100, refusal=Reason.CONTEXT_LENGTH_EXCEEDED), view(draining=True), CONFIG,
+         (Action.REFUSE, Lane.SHORT, Reason.CONTEXT_LENGTH_EXCEEDED)),
         (req(100), view(draining=True), CONFIG, (Action.REFUSE, Lane.SHORT, Reason.DRAINING)),
         (req(100), view(pressure=True), CONFIG, (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),
         (req(20000), view(pressure=True), CONFIG, (Action.QUEUE, Lane.LONG, Reason.QUEUED)),
@@ -80,16 +84,23 @@ def test_lanes(prompt: int, max_model_len: int | None, configured: int | None, l
          (Action.REFUSE, Lane.LONG, Reason.KV_PRESSURE)),
         (req(20000), view(pressure=True, queue_has_room=False), CONFIG, (Action.REFUSE, Lane.LONG, Reason.QUEUE_FULL)),
         (req(20000), view(long_inflight=1), CONFIG, (Action.QUEUE, Lane.LONG, Reason.QUEUED)),
-        (req(20000), view(long_inflight=1), AdmissionConfig(long_lane_concurrency=2),
+        (req(20000), view(long_inflight=1), AdmissionConfig(mode="lanes", long_lane_concurrency=2),
          (Action.ADMIT, Lane.LONG, Reason.ADMITTED)),
         (req(20000), view(queued_in_lane=1), CONFIG, (Action.QUEUE, Lane.LONG, Reason.QUEUED)),  # no overtaking
-        (req(100), view(pool_tokens=1000, reserved_tokens=884), AdmissionConfig(mode="token-budget"),
-         (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),  # 884 + 116 = 1000: exactly fits
-        (req(101), view(pool_tokens=1000, reserved_tokens=884), AdmissionConfig(mode="token-budget"),
-         (Action.QUEUE, Lane.SHORT, Reason.QUEUED)),
-        (req(5000), view(pool_tokens=1000, reserved_tokens=0), AdmissionConfig(mode="token-budget"),
-         (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),  # alone it runs, or it would wait forever
-        (req(101), view(pool_tokens=1000, reserved_tokens=884), CONFIG, (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),
+        (req(100, reserved=116), view(pool_tokens=1000, reserved_tokens=884, policy=AdmissionMode.TOKEN_BUDGET),
+         AdmissionConfig(mode="token-budget"), (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),  # exactly fits
+        (req(101, reserved=117), view(pool_tokens=1000, reserved_tokens=884, policy=AdmissionMode.TOKEN_BUDGET),
+         AdmissionConfig(mode="token-budget"), (Action.QUEUE, Lane.SHORT, Reason.QUEUED)),
+        (req(5000, reserved=5016), view(pool_tokens=1000, policy=AdmissionMode.TOKEN_BUDGET),
+         AdmissionConfig(mode="token-budget"), (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),  # alone it runs
+        # capacity: the ledger's answer, the pressure cap, and long requests as many as fit
+        (req(20000), view(policy=CAP, long_inflight=3, fits=True), CAPACITY, (Action.ADMIT, Lane.LONG, Reason.ADMITTED)),
+        (req(100), view(policy=CAP, fits=False), CAPACITY, (Action.QUEUE, Lane.SHORT, Reason.QUEUED)),
+        (req(100), view(policy=CAP, inflight=3, concurrency_cap=3), CAPACITY, (Action.QUEUE, Lane.SHORT, Reason.QUEUED)),
+        (req(100), view(policy=CAP, inflight=2, concurrency_cap=3), CAPACITY, (Action.ADMIT, Lane.SHORT, Reason.ADMITTED)),
+        (req(100), view(policy=CAP, fits=False, queue_has_room=False), CAPACITY,
+         (Action.REFUSE, Lane.SHORT, Reason.QUEUE_FULL)),
+        (req(20000), view(long_inflight=1), CAPACITY, (Action.QUEUE, Lane.LONG, Reason.QUEUED)),  # fallback: lanes
     ],
 )  # fmt: skip
 def test_decide(
@@ -138,26 +149,27 @@ def test_transitions_are_counted() -> None:
 @pytest.mark.parametrize(
     ("policy", "raw", "effective"),
     [
-        ("open", PressureState.PRESSURE, PressureState.NORMAL),
-        ("closed", PressureState.NORMAL, PressureState.PRESSURE),
+        (StaleMode.OPEN, PressureState.PRESSURE, PressureState.NORMAL),
+        (StaleMode.CLOSED, PressureState.NORMAL, PressureState.PRESSURE),
     ],
 )
-def test_stale_policy(policy: str, raw: PressureState, effective: PressureState) -> None:
+def test_stale_policy(policy: StaleMode, raw: PressureState, effective: PressureState) -> None:
     samples = [(0.0, 1.0), (5.0, 1.0)] if raw is PressureState.PRESSURE else [(0.0, 0.1)]
-    detector = run_samples(samples, stale_policy=policy)
-    assert detector.effective is raw
+    detector = run_samples(samples)
+    assert detector.effective(False, policy) is raw
     detector.observe(6.0, None)
     assert detector.state is raw  # stale samples do not move the machine
-    assert detector.effective is effective
+    assert detector.effective(True, policy) is effective
     detector.observe(7.0, 0.5, stale=True)
-    assert detector.effective is effective
-    detector.observe(8.0, 0.5)
-    assert detector.effective is detector.state
+    assert detector.state is raw
 
 
-def test_no_sample_yet_follows_the_stale_policy() -> None:
-    assert PressureDetector(PressureSettings(stale_policy="open")).effective is PressureState.NORMAL
-    assert PressureDetector(PressureSettings(stale_policy="closed")).effective is PressureState.PRESSURE
+@pytest.mark.parametrize(
+    ("up", "age", "stale"),
+    [(True, 3.0, False), (True, 3.001, True), (True, None, True), (False, 0.1, True), (None, 0.1, True)],
+)
+def test_staleness_boundary(up: bool | None, age: float | None, stale: bool) -> None:
+    assert Staleness(after=3.0).is_stale(up, age) is stale
 
 
 # -- queue ------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
+from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, AdmissionMetrics, QueueSettings
-from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.outcomes import DroppedError, Lane, Reason, RefusedError
 from sidecar.admission.pressure import PressureDetector, PressureSettings
 
@@ -19,19 +20,20 @@ def make(
 ) -> tuple[AdmissionController, CollectorRegistry]:
     registry = CollectorRegistry()
     controller = AdmissionController(
-        config or AdmissionConfig(),
+        config or AdmissionConfig(mode=AdmissionMode.LANES),
         PressureDetector(PressureSettings(window=1.0)),
         QueueSettings(**queue),  # type: ignore[arg-type]
         AdmissionMetrics(registry),
         clock=asyncio.get_running_loop().time,
         max_model_len=lambda: 1024,
-        pool_tokens=lambda: 1000,
+        pool=lambda: PoolView(blocks=100, block_size=10),  # 1,000 tokens
+        metrics_age=lambda _now: 0.0,
     )
     return controller, registry
 
 
-SHORT = RequestFacts(prompt_tokens=10, output_tokens=10, exact=True)
-LONG = RequestFacts(prompt_tokens=600, output_tokens=10, exact=True)
+SHORT = RequestFacts(prompts=(10,), max_output_tokens=10, exact=True)
+LONG = RequestFacts(prompts=(600,), max_output_tokens=10, exact=True)
 
 
 def count(registry: CollectorRegistry, outcome: str, reason: str, lane: str) -> float:
@@ -136,7 +138,7 @@ async def test_pressure_holds_long_requests_until_it_ends() -> None:
 
 async def test_token_budget_reserves_peak_tokens() -> None:
     controller, _ = make(AdmissionConfig(mode="token-budget"))
-    big = RequestFacts(prompt_tokens=400, output_tokens=200, exact=True)  # 600 of the pool's 1000
+    big = RequestFacts(prompts=(400,), max_output_tokens=200, exact=True)  # 600 of the pool's 1000
     first = await admit(controller, big)
     assert controller.reserved_tokens == 600
     waiting = asyncio.create_task(admit(controller, big))

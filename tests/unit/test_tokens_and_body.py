@@ -84,8 +84,8 @@ COUNTER = EstimatingCounter()
     [
         ("/v1/completions", {"prompt": "abcdefgh"}, 2, 16, False, 1),
         ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 5}, 3, 5, True, 1),
-        ("/v1/completions", {"prompt": [[1, 2], [3]], "max_tokens": 5, "n": 2}, 3, 5, True, 2),
-        ("/v1/completions", {"prompt": ["abcd", "efgh"]}, 2, 16, False, 1),
+        ("/v1/completions", {"prompt": [[1, 2], [3]], "max_tokens": 5, "n": 2}, 2, 5, True, 2),  # the largest
+        ("/v1/completions", {"prompt": ["abcd", "efgh"]}, 1, 16, False, 1),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abcd"}]}, 1 + CHAT_MESSAGE_OVERHEAD, None, False, 1),
         (
             "/v1/chat/completions",
@@ -101,7 +101,7 @@ def test_request_facts(
     path: str, body: dict[str, object], prompt: int, output: int | None, exact: bool, choices: int
 ) -> None:
     facts = request_facts(path, body, COUNTER)
-    assert (facts.prompt_tokens, facts.output_tokens, facts.exact, facts.choices) == (
+    assert (facts.prompt_tokens, facts.max_output_tokens, facts.exact, facts.choices) == (
         prompt,
         output,
         exact,
@@ -109,15 +109,38 @@ def test_request_facts(
     )
 
 
-def test_sequence_and_reserved_tokens() -> None:
-    facts = request_facts("/v1/completions", {"prompt": [1] * 100, "max_tokens": 50, "n": 3}, COUNTER)
-    assert facts.sequence_tokens(1024) == 150
-    assert facts.reserved_tokens(1024) == 100 + 3 * 50
-    open_ended = request_facts(
-        "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, COUNTER
+def test_batches_are_prompts_of_their_own() -> None:
+    facts = request_facts(
+        "/v1/completions", {"prompt": [[1] * 100, [2] * 30], "max_tokens": 50, "n": 3}, COUNTER
     )
-    assert open_ended.sequence_tokens(1024) == 1024
-    assert open_ended.sequence_tokens(None) == open_ended.prompt_tokens
+    assert (facts.prompts, facts.choices, facts.sequences) == ((100, 30), 3, 6)
+    assert facts.prompt_ids == ((1,) * 100, (2,) * 30)
+    texts = request_facts("/v1/completions", {"prompt": ["abcd", "abcdefgh"]}, COUNTER)
+    assert (texts.prompts, texts.exact, texts.prompt_ids) == ((1, 2), False, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("max_tokens", "8", 8), ("max_tokens", 8.0, 8), ("max_tokens", True, 1), ("max_tokens", " 8 ", 8),
+        ("max_tokens", "8.0", 8), ("max_tokens", "1_000", 1000), ("max_tokens", None, 16), ("n", "2", 2),
+        ("n", 2.0, 2), ("best_of", 3, 3),
+    ],
+)  # fmt: skip
+def test_numbers_are_coerced_as_vllm_coerces_them(field: str, value: object, expected: int) -> None:
+    facts = request_facts("/v1/completions", {"prompt": [1, 2], field: value}, COUNTER)
+    assert (facts.max_output_tokens if field == "max_tokens" else facts.choices) == expected
+
+
+def test_vllm_extensions_are_read() -> None:
+    facts = request_facts(
+        "/v1/completions",
+        {"prompt": [1], "ignore_eos": "true", "min_tokens": 4, "stream": 1, "model": "m", "priority": "2"},
+        COUNTER,
+    )
+    assert (facts.ignore_eos, facts.min_output_tokens, facts.stream, facts.model, facts.priority) == (
+        True, 4, True, "m", 2,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -126,8 +149,10 @@ def test_sequence_and_reserved_tokens() -> None:
         ("/v1/completions", {}, "'prompt' is required"),
         ("/v1/completions", {"prompt": {"a": 1}}, "'prompt' must be"),
         ("/v1/completions", {"prompt": [1, "a", 2.5]}, "'prompt' must be"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "'max_tokens' must be"),
-        ("/v1/completions", {"prompt": "x", "max_tokens": True}, "'max_tokens' must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "five"}, "'max_tokens' must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2.5}, "'max_tokens' must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": [8]}, "'max_tokens' must be"),
+        ("/v1/completions", {"prompt": "x", "stream": "maybe"}, "'stream' must be"),
         ("/v1/chat/completions", {}, "'messages' is required"),
         ("/v1/chat/completions", {"messages": []}, "non-empty list"),
         ("/v1/chat/completions", {"messages": ["hi"]}, "must be an object"),

@@ -1,0 +1,258 @@
+"""The KV block ledger of capacity admission: what in-flight requests hold, now and soon. Pure.
+
+Theory of operation
+-------------------
+vLLM's scheduler admits a request when its *prompt* fits the free blocks and then allocates one
+block at a time as the output grows; when a running request needs a block and none is free, it
+preempts the newest running request and recomputes it later (``vllm/v1/core/sched/scheduler.py``,
+``Scheduler.schedule``: ``kv_cache_manager.allocate_slots`` returning ``None`` -> ``_preempt_request``).
+Admission here prevents that instead of reacting to it: a request is let through only when the pool
+can hold what every in-flight request will hold over the new request's lifetime, plus the new one.
+
+* **Blocks, not tokens.** A sequence of ``t`` tokens holds ``ceil(t / block_size)`` blocks
+  (``KVCacheManager.allocate_slots``: ``cdiv(num_computed + num_new_tokens, block_size)``), so
+  fifteen 129-token sequences need 30 blocks of 128, not 1,935 tokens' worth. A sequence never
+  holds more than ``max_model_len`` tokens; every prompt of a batch and each of ``n`` choices is a
+  sequence of its own (vLLM fans ``n > 1`` out into child requests, ``vllm/v1/engine/parallel_sampling.py``).
+* **Expected output.** Each sequence is expected to reach ``prompt + expected_output`` tokens
+  (:mod:`sidecar.admission.outputs` decides the figure: the client's ``max_tokens`` or a learned
+  quantile of real answer lengths). When a request runs past it, its expectation follows: it is
+  then expected to need one more block than it has reached, up to its hard bound.
+* **Progress.** vLLM gives every running sequence at most one token per engine step, so the engine's
+  step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
+  both sides: from above by the steps since the last scrape before it was admitted, with the clock
+  extrapolated at the highest rate seen (it looks at least as big as it is); from below by the steps
+  counted at scrapes since its admission could at the latest have happened, less its prefill steps
+  (it ends no later than that says). A stream's counted tokens are exact progress. Without a step
+  clock a request is taken to be at its expected peak.
+* **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps (plus
+  ``block_size`` for safety). Over that span the ledger evaluates the pool at every point where it
+  could peak: just before each in-flight request is certain to end, and at the end of the span.
+  Others grow by one token per step, never past their expected peak. Only a request whose
+  expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
+  most ``bound - progress + prefill steps`` steps, and only while the engine has no request waiting
+  (a waiting request does not progress); nobody else is assumed to release anything. So a short
+  request fits beside long ones far from their peaks, and a long one may start once the one before it
+  is far enough along to be gone before both would need their last blocks.
+* **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
+  a full prompt block whose tokens (and all before it) equal a block already held by a running
+  request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented
+  in ``KVCacheManager.get_computed_blocks``). The ledger keys such blocks by a chained hash of
+  exact token ids and counts each distinct one once. Blocks of *finished* requests stay cached but
+  count as free in vLLM's usage (``BlockPool.get_usage``: ``1 - free / total``, cached blocks with
+  no holder sit in the free queue), so re-using them still takes pool room: only blocks held by
+  requests in flight are shared. When every block of a prompt hits, vLLM recomputes the last token
+  (``max_cache_hit_length = num_tokens - 1``), so only ``floor((prompt - 1) / block_size)`` blocks
+  can be shared.
+* **The gauge.** Whatever vLLM reports in use beyond what the ledger accounts for at that scrape
+  (clients bypassing the sidecar, a wrong pool) is added as ``unexplained`` blocks until the next
+  scrape: the live gauge is trusted over the estimate whenever it is higher.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+PREFILL_TOKENS_PER_STEP = 256
+"""A conservative prefill chunk: a prompt of ``p`` tokens is taken to need ``p / 256`` steps."""
+MAX_RELEASE_POINTS = 32
+"""Releases considered per decision (the nearest); later ones are treated as never happening."""
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks a sequence of ``tokens`` tokens holds."""
+    return max(0, math.ceil(tokens / block_size))
+
+
+def prefix_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the prompt blocks vLLM's prefix cache can share: ``floor((n - 1) / block_size)``."""
+    shareable = max(0, (len(token_ids) - 1) // block_size)
+    hashes: list[int] = []
+    parent = 0
+    for index in range(shareable):
+        parent = hash((parent, tuple(token_ids[index * block_size : (index + 1) * block_size])))
+        hashes.append(parent)
+    return tuple(hashes)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """The engine's pool as admission sees it."""
+
+    blocks: int
+    block_size: int
+    prefix_caching: bool = True
+    source: str = "engine"  # engine (cache_config_info) or prediction
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """A request's sequences as the ledger plans them."""
+
+    prompts: tuple[int, ...]  # prompt tokens of each prompt
+    choices: int  # sequences per prompt
+    expected_output: int  # tokens each sequence is expected to generate
+    output_bound: int  # tokens each sequence may generate at most
+    max_model_len: int
+    hashes: tuple[tuple[int, ...], ...] = ()  # per prompt, when its token ids are known and caching is on
+
+    def _hashed(self, index: int) -> int:
+        return len(self.hashes[index]) if index < len(self.hashes) else 0
+
+    def sequence_peak(self, prompt: int, generated: int, block_size: int) -> int:
+        """Tokens one sequence is expected to reach, having generated ``generated`` so far."""
+        expected = self.expected_output
+        if generated >= expected:  # past its expectation: one more block than it has reached
+            expected = generated + block_size
+        return min(prompt + min(expected, self.output_bound), self.max_model_len)
+
+    def private_blocks(self, generated: int, horizon: float, block_size: int) -> int:
+        """Blocks of this request not shared with others, ``horizon`` tokens from now."""
+        total = 0
+        for index, prompt in enumerate(self.prompts):
+            peak = self.sequence_peak(prompt, generated, block_size)
+            reach = peak if math.isinf(horizon) else min(peak, prompt + generated + int(horizon))
+            total += self.choices * blocks_for(reach, block_size) - self._hashed(index)
+        return total
+
+    @property
+    def all_hashes(self) -> set[int]:
+        """Every shareable block hash of the request."""
+        return {h for per_prompt in self.hashes for h in per_prompt}
+
+    @property
+    def lifetime(self) -> int:
+        """Engine steps the request is expected to run (its prefill included)."""
+        return self.expected_output + sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in self.prompts)
+
+
+@dataclass(slots=True)
+class Holding:
+    """One admitted request's place in the ledger, with its admission step bounds."""
+
+    demand: Demand
+    admitted_low: float | None  # the step count at the last scrape before admission
+    admitted_high: float | None  # the extrapolated step count at admission
+    generated: int = 0  # tokens seen streaming back (per sequence), exact
+
+    def progress_high(self, step_high: float | None) -> int | None:
+        """At most this many tokens generated (``None``: unknown)."""
+        if step_high is None or self.admitted_low is None:
+            return None
+        return max(self.generated, int(step_high - self.admitted_low))
+
+    def progress_low(self, step_low: float | None) -> int:
+        """At least this many steps run since admission (streamed tokens when known)."""
+        if step_low is None or self.admitted_high is None:
+            return self.generated
+        return max(self.generated, int(step_low - self.admitted_high))
+
+    def steps_left(self, step_low: float | None) -> float:
+        """Steps until it is certain to have ended, or ``inf`` when nothing bounds its end."""
+        demand = self.demand
+        if demand.expected_output < demand.output_bound:
+            return math.inf
+        prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + 2
+        return max(0, demand.output_bound - self.progress_low(step_low)) + prefill
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The engine's step clock at decision time: a lower and an upper bound, each ``None`` if unknown."""
+
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass(slots=True)
+class CapacityLedger:
+    """In-flight holdings, their shared prefix blocks, and the gauge's unexplained blocks."""
+
+    holdings: dict[int, Holding] = field(default_factory=dict)
+    shared: Counter[int] = field(default_factory=Counter)
+    unexplained: int = 0
+    releases_certain: bool = True  # False while the engine has requests waiting
+    _next_id: int = 0
+
+    def add(self, demand: Demand, steps: Steps) -> int:
+        """Hold ``demand`` from now; returns the holding's id."""
+        self._next_id += 1
+        self.holdings[self._next_id] = Holding(demand, steps.low, steps.high)
+        self.shared.update(demand.all_hashes)
+        return self._next_id
+
+    def remove(self, holding_id: int) -> Holding | None:
+        """The request ended: drop its holding."""
+        holding = self.holdings.pop(holding_id, None)
+        if holding is not None:
+            self.shared.subtract(holding.demand.all_hashes)
+            self.shared = +self.shared
+        return holding
+
+    def _private(self, holding: Holding, steps: Steps, horizon: float, block_size: int) -> int:
+        done = holding.progress_high(steps.high)
+        if done is None:
+            return holding.demand.private_blocks(holding.generated, math.inf, block_size)
+        return holding.demand.private_blocks(done, horizon, block_size)
+
+    def projected(self, steps: Steps, horizon: float, block_size: int) -> int:
+        """Blocks every holding may hold ``horizon`` steps from now if nobody ends (shared blocks once)."""
+        return len(self.shared) + sum(
+            self._private(holding, steps, horizon, block_size) for holding in self.holdings.values()
+        )
+
+    def added_blocks(self, demand: Demand, block_size: int) -> int:
+        """Blocks ``demand`` adds at its peak, beyond prefix blocks already held."""
+        new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
+        return demand.private_blocks(0, math.inf, block_size) + new_shared
+
+    def fits(self, demand: Demand, pool: PoolView, steps: Steps) -> bool:
+        """Whether ``demand`` fits beside everyone over its lifetime.
+
+        With nothing of the sidecar's in flight the answer is yes, whatever the gauge says: waiting for
+        blocks held by others (clients bypassing the sidecar) could last forever, and vLLM queues a
+        request it cannot place yet by itself. So the sidecar always makes progress, one at a time.
+        """
+        if not self.holdings:
+            return True
+        size = pool.block_size
+        lifetime = demand.lifetime + size
+        new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
+        base = len(self.shared) + new_shared + self.unexplained
+        ends = {
+            key: holding.steps_left(steps.low) if self.releases_certain else math.inf
+            for key, holding in self.holdings.items()
+        }
+        points = sorted(t for t in ends.values() if t < lifetime)[:MAX_RELEASE_POINTS]
+        considered = set(points)
+        for point in [*points, lifetime]:
+            total = base + demand.private_blocks(0, point, size)
+            for key, holding in self.holdings.items():
+                end = ends[key]
+                if end >= point or end not in considered:
+                    total += self._private(holding, steps, point, size)
+            if total > pool.blocks:
+                return False
+        return True
+
+    def free_blocks(self, pool: PoolView, steps: Steps) -> int:
+        """Blocks not held or planned for by anyone at their peaks."""
+        return pool.blocks - self.projected(steps, math.inf, pool.block_size) - self.unexplained
+
+    def observe_usage(
+        self, used_blocks: float, steps: Steps, block_size: int, *, waiting: float | None
+    ) -> None:
+        """A scrape saw ``used_blocks`` in use, ``waiting`` requests: keep what the ledger cannot explain."""
+        explained = self.projected(steps, 0, block_size)
+        self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))
+        self.releases_certain = not waiting
+
+
+def prompt_hashes(prompt_ids: Iterable[Sequence[int]] | None, pool: PoolView) -> tuple[tuple[int, ...], ...]:
+    """Each prompt's shareable block hashes: only with exact token ids and prefix caching on."""
+    if prompt_ids is None or not pool.prefix_caching:
+        return ()
+    return tuple(prefix_hashes(ids, pool.block_size) for ids in prompt_ids)

@@ -1,0 +1,85 @@
+"""Expected output lengths: the client's bound, or what answers on this route and model really took. Pure.
+
+Theory of operation
+-------------------
+vLLM reserves nothing for the output: a request's blocks grow with the answer, and a request
+without ``max_tokens`` may run to the context length (``vllm/entrypoints/utils.py``,
+``get_max_tokens``: the default is ``max_model_len - prompt``). Reserving every request's bound in
+full serialises chat traffic that never comes near it. So the sidecar learns:
+
+* every completed answer's length (``usage.completion_tokens`` of a JSON answer, or the streamed
+  chunks counted) is one sample for its key, the route and model it was asked of;
+* the key's *bound* is a high quantile (``--output-quantile``, default 0.95) of the last
+  ``window`` samples, once there are ``min_samples`` of them; before that there is no bound and
+  the prior holds: the client's own ``max_tokens`` or, without one, the room left in the context;
+* a request's expected output is its client bound when that is below the learned bound, else the
+  learned bound; never below ``min_tokens``; with ``ignore_eos`` (vLLM generates exactly
+  ``max_tokens``) always the client bound. The ledger lets a request that runs past its
+  expectation grow (see :mod:`sidecar.admission.capacity`), and the live gauge catches the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from sidecar.admission.body import RequestFacts
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSettings:
+    """How the learned bound is formed."""
+
+    quantile: float = 0.95
+    min_samples: int = 8
+    window: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.quantile <= 1.0:
+            raise ValueError("the output quantile must be within [0.5, 1]")
+        if self.min_samples < 1 or self.window < self.min_samples:
+            raise ValueError("the output window must hold at least min_samples (>= 1) answers")
+
+
+@dataclass(slots=True)
+class OutputLengths:
+    """Recent answer lengths per (route, model), and the bound they give."""
+
+    settings: OutputSettings = field(default_factory=OutputSettings)
+    _samples: dict[tuple[str, str], deque[int]] = field(default_factory=dict)
+
+    def record(self, route: str, model: str, completion_tokens: int) -> None:
+        """One answer on ``route`` for ``model`` took ``completion_tokens`` per choice."""
+        window = self._samples.setdefault((route, model), deque(maxlen=self.settings.window))
+        window.append(max(0, completion_tokens))
+
+    def samples(self, route: str, model: str) -> int:
+        """How many answers are known for the key."""
+        return len(self._samples.get((route, model), ()))
+
+    def bound(self, route: str, model: str) -> int | None:
+        """The learned bound (nearest-rank quantile), or ``None`` before ``min_samples`` answers."""
+        window = self._samples.get((route, model))
+        if window is None or len(window) < self.settings.min_samples:
+            return None
+        ordered = sorted(window)
+        rank = max(1, math.ceil(self.settings.quantile * len(ordered)))
+        return ordered[rank - 1]
+
+    def bounds(self) -> list[dict[str, object]]:
+        """Every key's learned bound and sample count (for ``/status``)."""
+        return [
+            {"route": route, "model": model, "samples": len(window), "bound": self.bound(route, model)}
+            for (route, model), window in sorted(self._samples.items())
+        ]
+
+    def expected(self, facts: RequestFacts, max_model_len: int) -> tuple[int, int]:
+        """(expected, hard bound) output tokens per sequence of ``facts``'s largest prompt."""
+        room = max(0, max_model_len - facts.prompt_tokens)
+        hard = room if facts.max_output_tokens is None else min(facts.max_output_tokens, room)
+        if facts.ignore_eos:
+            return hard, hard
+        learned = self.bound(facts.route, facts.model)
+        expected = hard if learned is None else min(hard, learned)
+        return max(expected, min(facts.min_output_tokens, hard)), hard

@@ -1,0 +1,46 @@
+"""Refuse exactly what the engine would refuse, before it reaches the engine, and nothing else. Pure.
+
+Checked against vLLM 0.32.0's source and the real CPU server (``tests/e2e/test_engine_parity.py``
+sends every case to both; the README's table lists them):
+
+* ``max_tokens`` (or ``max_completion_tokens``) above ``max_model_len``: vLLM answers 400
+  "max_tokens=N cannot be greater than max_model_len=M" whatever the prompt
+  (``vllm/entrypoints/utils.py``, ``get_max_tokens``). Known from the body alone: no tokenizing.
+* A prompt of ``max_model_len`` tokens or more: 400; at exactly ``max_model_len`` there is no room
+  for one output token ("max_tokens must be at least 1, got 0"), above it "your prompt contains N
+  input tokens" (``vllm/entrypoints/renderer.py`` / ``serving_engine.py``, ``_validate_input``).
+  Refused here only when the count is exact (token ids, or the model's tokenizer and template):
+  an estimate never causes a 400. Each prompt of a batch is checked on its own.
+* ``prompt + max_tokens`` above ``max_model_len`` is *served*: vLLM shortens the output to the room
+  left (``get_max_tokens`` takes the minimum). The sidecar forwards it, its reservation capped at
+  ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+from sidecar.admission.body import RequestFacts
+from sidecar.admission.outcomes import Reason, RefusedError
+
+
+def engine_refusal(facts: RequestFacts, max_model_len: int | None) -> RefusedError | None:
+    """The 400 vLLM would answer ``facts`` with, or ``None`` when it would serve it."""
+    if max_model_len is None:
+        return None
+    if facts.max_output_tokens is not None and facts.max_output_tokens > max_model_len:
+        return RefusedError(
+            Reason.CONTEXT_LENGTH_EXCEEDED,
+            f"max_tokens={facts.max_output_tokens} cannot be greater than max_model_len={max_model_len}: "
+            "request fewer output tokens",
+            param="max_tokens",
+        )
+    if facts.exact:
+        for index, prompt in enumerate(facts.prompts):
+            if prompt >= max_model_len:
+                which = f"prompt {index} of the batch" if len(facts.prompts) > 1 else "the prompt"
+                return RefusedError(
+                    Reason.CONTEXT_LENGTH_EXCEEDED,
+                    f"the model's context length is {max_model_len} tokens and {which} has {prompt}, "
+                    "leaving no room for output: shorten the prompt",
+                    param="prompt",
+                )
+    return None

@@ -1,0 +1,79 @@
+"""Two observed rates admission plans with: the engine's step clock and the pool's block release rate. Pure.
+
+* :class:`StepClock`: vLLM counts its engine steps (``vllm:iteration_tokens_total``, a histogram
+  observed once per step; its ``_count``). Each scrape gives the true count; between scrapes the
+  clock runs on at the highest step rate seen since the engine started, so it never lags what the
+  engine has really done (lagging would make in-flight requests look younger, and smaller, than
+  they are). A counter that goes down is an engine restart: the clock starts over.
+* :class:`ReleaseRate`: blocks given back by finished requests per second over the last
+  ``window`` seconds: how fast the queue can drain, the basis of ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sidecar.admission.capacity import Steps
+
+RATE_MARGIN = 1.25
+"""The step clock runs this much faster than the fastest rate seen (an over-estimate is safe)."""
+RELEASE_WINDOW_SECONDS = 30.0
+
+
+@dataclass(slots=True)
+class StepClock:
+    """The engine's step count, extrapolated between scrapes (see the module docstring)."""
+
+    _last: tuple[float, float] | None = None  # (time, steps) of the last scrape
+    max_rate: float = 0.0  # steps per second
+
+    def observe(self, now: float, steps: float | None) -> None:
+        """A scrape at ``now`` read ``steps``."""
+        if steps is None:
+            return
+        if self._last is not None:
+            then, before = self._last
+            if steps < before:  # the engine restarted
+                self.max_rate = 0.0
+            elif now > then:
+                self.max_rate = max(self.max_rate, (steps - before) / (now - then))
+        self._last = (now, steps)
+
+    def bounds(self, now: float) -> Steps:
+        """The step count at ``now``: at least the last scrape's, at most that plus the fastest rate's."""
+        if self._last is None:
+            return Steps()
+        then, steps = self._last
+        if self.max_rate <= 0.0:
+            return Steps(low=steps)
+        return Steps(low=steps, high=steps + max(0.0, now - then) * self.max_rate * RATE_MARGIN)
+
+
+@dataclass(slots=True)
+class ReleaseRate:
+    """Blocks released per second over a sliding window."""
+
+    window: float = RELEASE_WINDOW_SECONDS
+    _events: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def record(self, now: float, blocks: int) -> None:
+        """A request that held ``blocks`` ended at ``now``."""
+        self._events.append((now, blocks))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._events and now - self._events[0][0] > self.window:
+            self._events.popleft()
+
+    def per_second(self, now: float) -> float | None:
+        """The release rate, or ``None`` with fewer than two releases in the window.
+
+        The blocks released after the window's first release, over the time since it: the first
+        release marks the start of the measured span, so it is not counted in it.
+        """
+        self._trim(now)
+        if len(self._events) < 2:
+            return None
+        span = max(now - self._events[0][0], 1e-3)
+        return sum(blocks for _, blocks in list(self._events)[1:]) / span
