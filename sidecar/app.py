@@ -256,7 +256,7 @@ class SidecarApp:
             self.proxy_port = await self._serve(
                 self.proxy.app(), self.options.listen, cancel_on_disconnect=True
             )
-        self._scrape_task = asyncio.create_task(self._scraper.run(), name="kv-sidecar-scraper")
+        self._scrape_task = asyncio.create_task(self._scraper.supervise(self.log), name="kv-sidecar-scraper")
         self.log.info(
             "started",
             upstream=self.options.upstream,

@@ -247,6 +247,12 @@ class AdmissionController:
             fits=fits,
             inflight=self.total_inflight,
             concurrency_cap=self.concurrency_cap,
+            yield_to_long=(
+                not as_head
+                and waiter.lane is Lane.SHORT
+                and policy is AdmissionMode.CAPACITY
+                and self._long_head_has_waited(now)
+            ),
         )
 
     # -- Retry-After -------------------------------------------------------------------------------
@@ -425,13 +431,12 @@ class AdmissionController:
         if ticket.holding is not None and (holding := self.ledger.holdings.get(ticket.holding)) is not None:
             holding.generated = max(holding.generated, generated)
 
-    def release(
-        self, ticket: Ticket, *, completed: bool = True, completion_tokens: int | None = None
-    ) -> None:
+    def release(self, ticket: Ticket, *, completed: bool = True) -> None:
         """The response to an admitted request has ended: free its slot and blocks, learn, let waiters in."""
         if ticket.released:
             return
         ticket.released = True
+        completion_tokens = ticket.completion_tokens
         now = self._clock()
         self.inflight[ticket.lane] -= 1
         self.reserved_tokens -= ticket.reserved_tokens

@@ -21,7 +21,9 @@ The questions, in order:
 2. **Draining** -> 503 ``draining``.
 3. **Pressure** (the detector's effective state is ``PRESSURE``): long requests queue
    (``--on-pressure queue``) or are refused with 429 ``kv-pressure`` (``reject``).
-4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking in a lane).
+4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking in a lane);
+   under ``capacity`` a short request also queues while the long lane's head has waited
+   ``long_wait_priority`` seconds (ageing: nothing starves).
 5. The policy's own question: ``capacity``: the pressure concurrency cap, then ``fits``;
    ``token-budget``: the token reservation; ``lanes``: the long-lane cap.
 6. Otherwise: admit.
@@ -96,6 +98,7 @@ class AdmissionView:
     fits: bool = True  # capacity: the ledger's answer
     inflight: int = 0
     concurrency_cap: int | None = None  # capacity under pressure
+    yield_to_long: bool = False  # capacity: the long lane's head has waited long enough to go first
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,6 @@ def decide(request: AdmissionRequest, view: AdmissionView, config: AdmissionConf
         if config.on_pressure == "reject":
             return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
         return queue
-    if view.queued_in_lane > 0 or _policy_says_wait(request, view, config, lane):
+    if view.queued_in_lane > 0 or view.yield_to_long or _policy_says_wait(request, view, config, lane):
         return queue
     return Decision(Action.ADMIT, lane, Reason.ADMITTED)

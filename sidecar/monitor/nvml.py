@@ -5,6 +5,11 @@ Every NVML call blocks (it talks to the driver), so the async entry point
 permission is one state, *unavailable*, with a reason: logged once when it begins, exported as
 a metric, and never an exception to the caller. Per-field failures (a card that does not report
 power, say) leave that field ``None``. The NVML module is injectable so tests can hand in a fake.
+
+A driver call can hang (a GPU falling off the bus, a wedged driver): :meth:`NvmlReader.read_async`
+waits at most ``timeout`` seconds, then reports *unavailable* ("NVML did not answer within ...").
+The hung thread cannot be interrupted, so no new read starts while it is still running: one stuck
+call costs one thread, never a growing pile of them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.monitor.gpu import GpuProcess, GpuSnapshot
 
+NVML_TIMEOUT_SECONDS = 2.0
 MILLIWATTS_PER_WATT = 1000.0
 PERCENT = 100.0
 
@@ -28,9 +34,13 @@ def _text(value: object) -> str:
 class NvmlReader:
     """Reads every visible GPU; see the module docstring for the unavailable state."""
 
-    def __init__(self, log: FilteringBoundLogger, nvml: Any | None = None) -> None:
+    def __init__(
+        self, log: FilteringBoundLogger, nvml: Any | None = None, *, timeout: float = NVML_TIMEOUT_SECONDS
+    ) -> None:
         self._log = log
         self._nvml = nvml
+        self._timeout = timeout
+        self._pending: asyncio.Future[list[GpuSnapshot]] | None = None
         self._initialised = False
         self.available: bool | None = None  # None until the first read
         self.unavailable_reason: str | None = None
@@ -102,8 +112,16 @@ class NvmlReader:
         return snapshots
 
     async def read_async(self) -> list[GpuSnapshot]:
-        """:meth:`read` in a worker thread, so the event loop never waits on the driver."""
-        return await asyncio.to_thread(self.read)
+        """:meth:`read` in a worker thread, at most ``timeout`` seconds; the event loop never waits on it."""
+        if self._pending is not None and not self._pending.done():
+            return self._mark_unavailable(
+                f"NVML did not answer within {self._timeout:g}s (a call still hangs)"
+            )
+        self._pending = asyncio.ensure_future(asyncio.to_thread(self.read))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._pending), self._timeout)
+        except TimeoutError:
+            return self._mark_unavailable(f"NVML did not answer within {self._timeout:g}s")
 
     def close(self) -> None:
         """Shut NVML down if it was initialised."""

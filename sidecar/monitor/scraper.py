@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from structlog.typing import FilteringBoundLogger
 
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
@@ -44,6 +45,11 @@ class ScrapeMetrics:
         )
         for reason in ("connect", "timeout", "status", "parse", "too_large"):
             self.errors.labels(reason=reason)
+        self.restarts = Counter(
+            "kv_sidecar_scraper_restarts",
+            "Times the scrape loop died of an unexpected error and was started again.",
+            registry=registry,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,3 +162,19 @@ class EngineScraper:
             if self._on_round is not None:
                 self._on_round()
             await asyncio.sleep(self.next_delay())
+
+    async def supervise(self, log: FilteringBoundLogger) -> None:
+        """:meth:`run`, started again (after the interval, counted, logged) whenever it dies of a bug.
+
+        A scrape loop that died silently would leave admission deciding on ever older metrics; the
+        staleness check would notice, but the sidecar would never recover without a restart.
+        """
+        while True:
+            try:
+                await self.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any bug in a round: keep watching the engine
+                self._metrics.restarts.inc()
+                log.error("scraper_restarted", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(self._settings.interval)

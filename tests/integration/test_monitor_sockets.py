@@ -208,3 +208,28 @@ async def test_sustained_pressure_is_diagnosed(fake_vllm: FakeVllm) -> None:
         assert [e["event"] for e in high] == ["diagnosis", "diagnosis_cleared"]  # one line per change
     finally:
         await running.app.stop()
+
+
+async def test_a_scraper_that_dies_is_restarted_and_counted(
+    fake_vllm: FakeVllm, sidecar: RunningSidecar
+) -> None:
+    """A bug inside one round (here: the round's hook raising) kills the loop; it is started again."""
+    await eventually(lambda: _equals(sidecar, "kv_sidecar_engine_up", 1.0))
+    scraper = sidecar.app._scraper  # noqa: SLF001 - the loop under test
+    assert scraper is not None
+    hook = scraper._on_round  # noqa: SLF001
+    failures = [2]
+
+    def broken_round() -> None:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise RuntimeError("a bug in a round")
+        if hook is not None:
+            hook()
+
+    scraper._on_round = broken_round  # noqa: SLF001
+    await eventually(lambda: _equals(sidecar, "kv_sidecar_scraper_restarts_total", 2.0))
+    fake_vllm.state.set_kv_usage(0.37)  # and it keeps watching the engine
+    await eventually(lambda: _equals(sidecar, "kv_sidecar_engine_kv_cache_usage_ratio", 0.37))
+    restarts = [line for line in sidecar.logs() if line["event"] == "scraper_restarted"]
+    assert [line["error"] for line in restarts] == ["RuntimeError: a bug in a round"] * 2

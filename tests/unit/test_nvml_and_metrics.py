@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -185,3 +188,35 @@ def test_prediction_metrics_appear_with_a_model(name: str) -> None:
     samples = _families(registry)[name.removesuffix("_total")].samples
     assert samples
     assert all(s.value == s.value for s in samples)  # no NaN
+
+
+class HangingNvml(FakeNvml):
+    """A driver call that hangs (a GPU fallen off the bus) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - pynvml's name
+        self.calls += 1
+        self.release.wait(10)
+        return 1
+
+
+async def test_a_hanging_nvml_call_times_out_and_does_not_pile_up_threads() -> None:
+    nvml, stream = HangingNvml(), io.StringIO()
+    reader = NvmlReader(make_logger(stream), nvml, timeout=0.1)
+    started = time.perf_counter()
+    assert await reader.read_async() == []
+    assert time.perf_counter() - started < 1.0
+    assert reader.available is False
+    assert "did not answer within 0.1s" in (reader.unavailable_reason or "")
+    assert await reader.read_async() == []  # the first call still hangs: no second thread is started
+    assert nvml.calls == 1
+    nvml.release.set()
+    await asyncio.sleep(0.05)
+    assert len(await reader.read_async()) == 1  # the driver answers again: available
+    assert reader.available is True
+    assert [line["event"] for line in _logs(stream)] == ["nvml_unavailable", "nvml_available"]
+    reader.close()

@@ -1,0 +1,146 @@
+"""The block ledger of capacity admission, at its boundaries: rounding, batches, prefixes, progress, releases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sidecar.admission.capacity import (
+    CapacityLedger,
+    Demand,
+    PoolView,
+    Steps,
+    blocks_for,
+    prefix_hashes,
+    prompt_hashes,
+)
+
+POOL = PoolView(blocks=15, block_size=128)  # the real CPU engine: 16 blocks, one of them the null block
+UNKNOWN = Steps()
+
+
+def demand(
+    prompt: int, output: int, *, bound: int | None = None, choices: int = 1, mml: int = 1024
+) -> Demand:
+    return Demand((prompt,), choices, output, output if bound is None else bound, mml)
+
+
+@pytest.mark.parametrize(("tokens", "blocks"), [(0, 0), (1, 1), (128, 1), (129, 2), (256, 2), (257, 3)])
+def test_blocks_round_up(tokens: int, blocks: int) -> None:
+    assert blocks_for(tokens, 128) == blocks
+
+
+def test_fifteen_129_token_requests_need_30_blocks_not_1935_tokens() -> None:
+    pool = PoolView(blocks=30, block_size=128)
+    ledger = CapacityLedger()
+    for _ in range(15):
+        request = demand(100, 29)  # 129 tokens: 2 blocks each
+        assert ledger.fits(request, pool, UNKNOWN)
+        ledger.add(request, UNKNOWN)
+    assert ledger.projected(UNKNOWN, math.inf, 128) == 30
+    assert not ledger.fits(demand(100, 29), pool, UNKNOWN)
+    assert not ledger.fits(demand(1, 0), PoolView(blocks=30, block_size=128), UNKNOWN)  # even one token
+
+
+def test_every_prompt_of_a_batch_and_every_choice_is_a_sequence() -> None:
+    batch = Demand(prompts=(100, 30), choices=3, expected_output=50, output_bound=50, max_model_len=1024)
+    # 150 tokens -> 10 blocks of 16, 80 tokens -> 5 blocks; three choices each
+    assert CapacityLedger().added_blocks(batch, 16) == 3 * 10 + 3 * 5
+
+
+def test_a_sequence_never_holds_more_than_max_model_len() -> None:
+    assert CapacityLedger().added_blocks(demand(1000, 100), 128) == 8  # 1,100 capped at 1,024
+
+
+def test_only_full_prompt_blocks_before_the_last_token_are_shareable() -> None:
+    assert len(prefix_hashes(list(range(256)), 128)) == 1  # vLLM recomputes the last token: 255 // 128
+    assert len(prefix_hashes(list(range(257)), 128)) == 2
+    assert (
+        prefix_hashes([1] * 300, 128) != prefix_hashes([2] + [1] * 299, 128)[:2]
+    )  # chained: the first differs
+
+
+def test_a_shared_prefix_is_counted_once() -> None:
+    ids = list(range(600))
+    hashes = prompt_hashes([ids], POOL)
+    same = Demand((600,), 1, 16, 16, 1024, hashes)
+    ledger = CapacityLedger()
+    ledger.add(same, UNKNOWN)
+    assert ledger.added_blocks(same, 128) == 1  # 5 blocks, 4 of them already held
+    other = Demand((600,), 1, 16, 16, 1024, prompt_hashes([[7, *ids[1:]]], POOL))
+    assert ledger.added_blocks(other, 128) == 5
+    assert prompt_hashes([ids], PoolView(blocks=15, block_size=128, prefix_caching=False)) == ()
+
+
+def test_shared_blocks_stay_counted_while_any_holder_runs() -> None:
+    ids = list(range(600))
+    same = Demand((600,), 1, 16, 16, 1024, prompt_hashes([ids], POOL))
+    ledger = CapacityLedger()
+    first, second = ledger.add(same, UNKNOWN), ledger.add(same, UNKNOWN)
+    assert ledger.projected(UNKNOWN, math.inf, 128) == 4 + 1 + 1
+    ledger.remove(first)
+    assert ledger.projected(UNKNOWN, math.inf, 128) == 4 + 1
+    ledger.remove(second)
+    assert ledger.projected(UNKNOWN, math.inf, 128) == 0
+
+
+def test_an_empty_ledger_always_fits() -> None:
+    ledger = CapacityLedger(unexplained=15)
+    assert ledger.fits(demand(1000, 24), POOL, UNKNOWN)
+
+
+def test_without_a_step_clock_holdings_are_at_their_peaks() -> None:
+    ledger = CapacityLedger()
+    ledger.add(demand(600, 400, bound=1000), UNKNOWN)  # not certain to end: expectation below its bound
+    assert not ledger.fits(demand(600, 400), POOL, UNKNOWN)  # 8 + 8 > 15
+    assert ledger.fits(demand(24, 16), POOL, UNKNOWN)  # 8 + 1
+
+
+def test_a_short_request_fits_beside_long_ones_far_from_their_peaks() -> None:
+    ledger = CapacityLedger()
+    for _ in range(2):  # two long ones (600 + 400: 8 blocks at the peak), just started at step 1000
+        ledger.add(demand(600, 400, bound=1000), Steps(low=1000, high=1000))
+    short = demand(24, 16)
+    assert ledger.fits(short, POOL, Steps(low=1000, high=1010))  # both near 5 blocks for the next 160 steps
+    assert not ledger.fits(short, POOL, Steps(low=1000, high=1300))  # 7 + 7 + 1 > 15 within its lifetime
+
+
+def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -> None:
+    ledger = CapacityLedger()
+    ledger.add(demand(600, 400), Steps(low=0, high=0))  # ignore_eos-like: ends after 400 + prefill steps
+    candidate = demand(600, 400)
+    # the first is certain to end within 400 - progress + 5 steps; the candidate (5 blocks at once, one more
+    # per 128 steps) must stay within 7 blocks until then: 600 + (405 - p) <= 896 -> p >= 109
+    assert not ledger.fits(candidate, POOL, Steps(low=100, high=100))
+    assert ledger.fits(candidate, POOL, Steps(low=110, high=110))
+    ledger.releases_certain = False  # the engine has requests waiting: nobody is certain to progress
+    assert not ledger.fits(candidate, POOL, Steps(low=110, high=110))
+
+
+def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
+    ledger = CapacityLedger()
+    key = ledger.add(demand(100, 100, bound=900), Steps(low=0, high=0))  # learned 100, may run to 900
+    assert ledger.projected(Steps(low=0, high=50), 0, 128) == 2  # 150 tokens
+    ledger.holdings[key].generated = 300  # a stream counted 300 tokens
+    assert (
+        ledger.projected(Steps(low=0, high=300), 0, 128) == 4
+    )  # 400 tokens held; expects 528: 5 at its peak
+    assert ledger.projected(Steps(low=0, high=300), math.inf, 128) == 5
+
+
+def test_the_gauge_adds_what_the_ledger_cannot_explain() -> None:
+    ledger = CapacityLedger()
+    ledger.add(demand(100, 28, bound=500), UNKNOWN)  # 1 block, not certain to end
+    ledger.observe_usage(0.6 * 15, UNKNOWN, 128, waiting=0)  # 9 blocks in use: 8 unexplained
+    assert ledger.unexplained == 8
+    assert ledger.fits(demand(600, 100), POOL, UNKNOWN)  # 1 + 8 + 6 = 15
+    assert not ledger.fits(demand(700, 100), POOL, UNKNOWN)  # 1 + 8 + 7
+    ledger.observe_usage(0.0, UNKNOWN, 128, waiting=3)
+    assert (ledger.unexplained, ledger.releases_certain) == (0, False)
+
+
+def test_free_blocks() -> None:
+    ledger = CapacityLedger(unexplained=2)
+    ledger.add(demand(600, 400), UNKNOWN)
+    assert ledger.free_blocks(POOL, UNKNOWN) == 15 - 8 - 2

@@ -1,0 +1,191 @@
+"""The controller under the capacity policy: fallback, ordering, the pressure cap, learning, Retry-After, staleness."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.admission.body import RequestFacts
+from sidecar.admission.capacity import PoolView
+from sidecar.admission.controller import AdmissionController, AdmissionMetrics, QueueSettings, Ticket
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
+from sidecar.admission.outcomes import Lane, Reason, RefusedError
+from sidecar.admission.outputs import OutputSettings
+from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, StaleMode, Staleness
+
+
+@dataclass
+class Clock:
+    """A clock the test moves; the engine's metrics are as old as the last scrape it set."""
+
+    now: float = 100.0
+    scraped_at: float | None = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def age(self, now: float) -> float | None:
+        return None if self.scraped_at is None else now - self.scraped_at
+
+
+POOL = PoolView(blocks=15, block_size=128)
+
+
+def make(
+    clock: Clock,
+    *,
+    pool: PoolView | None = POOL,
+    policy: StaleMode = StaleMode.OPEN,
+    config: AdmissionConfig | None = None,
+    **queue: float,
+) -> AdmissionController:
+    return AdmissionController(
+        config or AdmissionConfig(),
+        PressureDetector(PressureSettings(window=1.0)),
+        QueueSettings(**queue),  # type: ignore[arg-type]
+        AdmissionMetrics(CollectorRegistry()),
+        clock=clock,
+        max_model_len=lambda: 1024,
+        pool=lambda: pool,
+        metrics_age=clock.age,
+        staleness=Staleness(after=3.0, policy=policy),
+        outputs=OutputSettings(min_samples=2),
+    )
+
+
+def req(prompt: int, output: int, **extra: object) -> RequestFacts:
+    return RequestFacts(
+        prompts=(prompt,), max_output_tokens=output, exact=True, route="/v1/completions", **extra
+    )  # type: ignore[arg-type]
+
+
+async def admit(controller: AdmissionController, facts: RequestFacts, wait: float = 5.0) -> Ticket:
+    return await controller.admit(facts, tenant="t", priority=0, wait_limit=wait)
+
+
+LONG = req(600, 400, ignore_eos=True)  # 8 blocks at its peak
+SHORT = req(24, 16, ignore_eos=True)  # 1 block
+
+
+async def test_no_pool_falls_back_to_lanes_and_says_so() -> None:
+    clock = Clock()
+    controller = make(clock, pool=None)
+    seen: list[tuple[AdmissionMode, str]] = []
+    controller._on_policy = lambda policy, why: seen.append((policy, why))  # noqa: SLF001 - the hook under test
+    controller.observe(clock.now, 0.1, stale=False)
+    assert controller.policy() is AdmissionMode.LANES
+    assert seen == [(AdmissionMode.LANES, "no KV pool or max_model_len known yet")]
+    first = await admit(controller, LONG)
+    waiting = asyncio.create_task(admit(controller, LONG))
+    await asyncio.sleep(0)
+    assert len(controller.queues[Lane.LONG]) == 1  # the lanes policy: one long at a time
+    controller.release(first)
+    controller.release(await waiting)
+
+
+async def test_shorts_pass_a_long_head_that_does_not_fit_until_it_has_waited() -> None:
+    clock = Clock()
+    controller = make(clock)
+    running = await admit(controller, LONG)
+    second = asyncio.create_task(admit(controller, LONG))  # 8 + 8 > 15: waits
+    await asyncio.sleep(0)
+    assert len(controller.queues[Lane.LONG]) == 1
+    short = await asyncio.wait_for(admit(controller, SHORT), 1)  # passes the waiting long one
+    controller.release(short)
+    clock.now += 10.0  # the long head has now waited long_wait_priority: shorts queue behind it
+    blocked = asyncio.create_task(admit(controller, SHORT))
+    await asyncio.sleep(0)
+    controller.dispatch()
+    assert not blocked.done()
+    controller.release(running)
+    for ticket in await asyncio.gather(second, blocked):
+        controller.release(ticket)
+    assert controller.total_inflight == 0
+
+
+async def test_sustained_pressure_lowers_the_concurrency_one_step_per_window() -> None:
+    clock = Clock()
+    controller = make(clock)
+    tickets = [await admit(controller, SHORT) for _ in range(4)]
+    for step in range(2):  # usage at 0.9 for the 1 s window: pressure entered
+        clock.now = clock.scraped_at = 100.0 + step
+        controller.observe(clock.now, 0.9, stale=False)
+    assert controller.detector.state is PressureState.PRESSURE
+    assert controller.concurrency_cap == 3  # one below the four running
+    clock.now = clock.scraped_at = 101.5
+    controller.observe(clock.now, 0.9, stale=False)
+    assert controller.concurrency_cap == 3  # not a window yet
+    clock.now = clock.scraped_at = 102.0
+    controller.observe(clock.now, 0.9, stale=False)
+    assert controller.concurrency_cap == 2  # a window later, still at or above the release threshold
+    controller.release(tickets.pop())
+    waiting = asyncio.create_task(admit(controller, SHORT))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # three in flight, the cap is two
+    for at in (103.0, 104.0, 105.0):  # usage falls under the release threshold for the window
+        clock.now = clock.scraped_at = at
+        controller.observe(at, 0.5, stale=False)
+    assert controller.concurrency_cap is None
+    tickets.append(await asyncio.wait_for(waiting, 1))
+    for ticket in tickets:
+        controller.release(ticket)
+
+
+async def test_answers_teach_the_expected_output() -> None:
+    clock = Clock()
+    controller = make(clock)
+    generous = req(100, 900)  # no ignore_eos: may end early
+    assert controller.outputs.expected(generous, 1024) == (900, 900)
+    for _ in range(2):
+        ticket = await admit(controller, generous)
+        ticket.completion_tokens = 40
+        controller.release(ticket)
+    assert controller.outputs.expected(generous, 1024) == (40, 900)
+    tickets = [await admit(controller, generous) for _ in range(3)]  # 3 x ceil(140 / 128): all at once
+    assert controller.total_inflight == 3
+    for ticket in tickets:
+        controller.release(ticket)
+
+
+async def test_retry_after_follows_the_observed_block_release_rate() -> None:
+    """A known service rate: 8 blocks released every 2 s (4 blocks/s). A refused request needing 8 blocks
+    behind 2 x 8 queued, with the pool full, should come back in (16 + 8) / 4 = 6 s (stated tolerance: 15%)."""
+    clock = Clock()
+    controller = make(clock, max_entries=2)
+    running = await admit(controller, LONG)
+    for _ in range(5):  # five long requests served one after another, 2 s each
+        clock.now += 2.0
+        controller.release(running)
+        running = await admit(controller, LONG)
+    queued = [asyncio.create_task(admit(controller, LONG, wait=60)) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(RefusedError) as info:
+        await admit(controller, LONG)
+    assert info.value.reason is Reason.QUEUE_FULL
+    # free now: 15 - 8 = 7; missing: 16 ahead + 8 own - 7 = 17 blocks at 4 blocks/s = 4.25 s -> 5 (whole seconds)
+    assert info.value.retry_after is not None
+    assert abs(info.value.retry_after - 17 / 4) <= 0.15 * 17 / 4 + 1  # + the rounding up to whole seconds
+    controller.start_drain()
+    for task in queued:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - draining drops them
+            await task
+    controller.release(running)
+
+
+async def test_staleness_is_judged_by_the_clock_at_decision_time() -> None:
+    for policy, expected in (
+        (StaleMode.OPEN, PressureState.NORMAL),
+        (StaleMode.CLOSED, PressureState.PRESSURE),
+    ):
+        clock = Clock()
+        controller = make(clock, policy=policy, config=AdmissionConfig(on_pressure="reject"))
+        for step in range(3):
+            clock.now = clock.scraped_at = 100.0 + step
+            controller.observe(clock.now, 0.95, stale=False)
+        assert controller.pressure_state(clock.now) is PressureState.PRESSURE
+        clock.now += 3.5  # no scrape has ended since (a hung scrape): the metrics are now 3.5 s old
+        assert controller.is_stale(clock.now)
+        assert controller.pressure_state(clock.now) is expected

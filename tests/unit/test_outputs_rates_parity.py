@@ -1,0 +1,117 @@
+"""Learned output lengths, the step clock, the release rate and the engine-parity refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.admission.body import RequestFacts
+from sidecar.admission.capacity import Steps
+from sidecar.admission.outcomes import Reason
+from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.parity import engine_refusal
+from sidecar.admission.rates import RATE_MARGIN, ReleaseRate, StepClock
+
+ROUTE = "/v1/chat/completions"
+
+
+def facts(prompt: int = 100, max_tokens: int | None = None, **extra: object) -> RequestFacts:
+    return RequestFacts(
+        prompts=(prompt,), max_output_tokens=max_tokens, exact=True, route=ROUTE, model="m", **extra
+    )  # type: ignore[arg-type]
+
+
+def test_the_prior_is_the_clients_bound_or_the_room_left() -> None:
+    outputs = OutputLengths()
+    assert outputs.expected(facts(100, 50), 1024) == (50, 50)
+    assert outputs.expected(facts(100, None), 1024) == (924, 924)  # vLLM's chat default: the room left
+    assert outputs.expected(facts(1000, 100), 1024) == (24, 24)  # vLLM shortens it to the room left
+
+
+def test_the_learned_bound_is_a_nearest_rank_quantile_once_there_are_enough_answers() -> None:
+    outputs = OutputLengths(OutputSettings(quantile=0.95, min_samples=8))
+    for length in range(1, 8):
+        outputs.record(ROUTE, "m", length * 10)
+    assert outputs.bound(ROUTE, "m") is None  # 7 answers: the prior still holds
+    outputs.record(ROUTE, "m", 80)
+    assert outputs.bound(ROUTE, "m") == 80  # ceil(0.95 x 8) = 8th of 8
+    for length in range(81, 101):
+        outputs.record(ROUTE, "m", length)
+    assert outputs.bound(ROUTE, "m") == 99  # 28 answers: the 27th (ceil(26.6))
+    assert outputs.bound("/v1/completions", "m") is None  # per route
+    assert outputs.bound(ROUTE, "other") is None  # and per model
+
+
+def test_expected_output_uses_the_learned_bound_below_the_clients() -> None:
+    outputs = OutputLengths(OutputSettings(min_samples=1))
+    outputs.record(ROUTE, "m", 60)
+    assert outputs.expected(facts(100, 900), 1024) == (60, 900)
+    assert outputs.expected(facts(100, 40), 1024) == (40, 40)  # the client's bound is below it
+    assert outputs.expected(facts(100, 900, ignore_eos=True), 1024) == (900, 900)  # vLLM generates all of it
+    assert outputs.expected(facts(100, 900, min_output_tokens=200), 1024) == (200, 900)
+
+
+def test_the_window_forgets_old_answers() -> None:
+    outputs = OutputLengths(OutputSettings(min_samples=1, window=4))
+    for length in (500, 10, 10, 10, 10):
+        outputs.record(ROUTE, "m", length)
+    assert outputs.bound(ROUTE, "m") == 10
+
+
+@pytest.mark.parametrize("bad", [{"quantile": 0.4}, {"quantile": 1.1}, {"min_samples": 0}, {"window": 2}])
+def test_output_settings_are_validated(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="output"):
+        OutputSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_the_step_clock_never_lags_the_engine() -> None:
+    clock = StepClock()
+    assert clock.bounds(0.0) == Steps()
+    clock.observe(0.0, 1000)
+    assert clock.bounds(0.5) == Steps(low=1000)  # no rate yet: the upper bound is unknown
+    clock.observe(1.0, 1200)  # 200 steps/s
+    clock.observe(2.0, 1300)  # 100 steps/s: the fastest rate seen still counts
+    bounds = clock.bounds(2.5)
+    assert bounds.low == 1300
+    assert bounds.high == pytest.approx(1300 + 0.5 * 200 * RATE_MARGIN)
+    clock.observe(3.0, 10)  # the counter went down: the engine restarted
+    assert clock.bounds(3.5) == Steps(low=10)
+
+
+def test_the_release_rate_of_a_known_service_rate() -> None:
+    rate = ReleaseRate()
+    assert rate.per_second(0.0) is None
+    for second in range(10):  # 3 blocks every second
+        rate.record(float(second), 3)
+    assert rate.per_second(9.0) == pytest.approx(3.0)
+    assert rate.per_second(45.0) is None  # older than the window
+
+
+MML = 1024
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason", "param"),
+    [
+        (
+            RequestFacts((5,), 5000, exact=False),
+            Reason.CONTEXT_LENGTH_EXCEEDED,
+            "max_tokens",
+        ),  # no count needed
+        (RequestFacts((5,), 1025, exact=True), Reason.CONTEXT_LENGTH_EXCEEDED, "max_tokens"),
+        (RequestFacts((5,), 1024, exact=True), None, None),  # served: 1,019 tokens come back
+        (RequestFacts((1000,), 100, exact=True), None, None),  # prompt + max_tokens > max_model_len: served
+        (RequestFacts((1023,), 5, exact=True), None, None),
+        (
+            RequestFacts((1024,), 1, exact=True),
+            Reason.CONTEXT_LENGTH_EXCEEDED,
+            "prompt",
+        ),  # no room for output
+        (RequestFacts((1024,), 1, exact=False), None, None),  # an estimate never causes a 400
+        (RequestFacts((10, 1025), 1, exact=True), Reason.CONTEXT_LENGTH_EXCEEDED, "prompt"),  # per prompt
+        (RequestFacts((5,), None, exact=True), None, None),
+    ],
+)
+def test_engine_parity(request_: RequestFacts, reason: Reason | None, param: str | None) -> None:
+    refusal = engine_refusal(request_, MML)
+    assert (refusal.reason if refusal else None, refusal.param if refusal else None) == (reason, param)
+    assert engine_refusal(request_, None) is None  # nothing is refused while max_model_len is unknown
