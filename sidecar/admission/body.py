@@ -32,12 +32,18 @@ CHAT_MESSAGE_OVERHEAD = 8
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """vLLM's ``CompletionRequest.max_tokens`` default."""
 MAX_PROMPT_ITEMS = 100_000
-_INTEGRAL_FLOAT_TEXT = re.compile(r"^\s*([+-]?[0-9][0-9_]*)\.0*\s*$")
 _PYDANTIC_MAX_INT_DIGITS = 4300
 
 
 class _NotCoercibleError(ValueError):
     pass
+
+
+_SPACE = (  # Unicode White_Space, what pydantic-core (Rust's str::trim) strips; Python's strip adds \x1c-\x1f
+    " \t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?\Z")
 
 
 def coerce_int(value: Any) -> int:
@@ -49,17 +55,10 @@ def coerce_int(value: Any) -> int:
             raise _NotCoercibleError
         return int(value)
     if isinstance(value, str):
-        text = value.strip()
-        if len(text) > _PYDANTIC_MAX_INT_DIGITS:
+        text = value.strip(_SPACE)
+        if len(text) > _PYDANTIC_MAX_INT_DIGITS or not _INTEGER_TEXT.match(text):
             raise _NotCoercibleError
-        if match := _INTEGRAL_FLOAT_TEXT.match(text):
-            text = match.group(1)
-        if not text or text.startswith("_") or text.endswith("_") or "__" in text:
-            raise _NotCoercibleError
-        try:
-            return int(text, 10)
-        except ValueError:
-            raise _NotCoercibleError from None
+        return int(text.split(".", 1)[0].replace("_", ""), 10)
     raise _NotCoercibleError
 
 
@@ -74,7 +73,7 @@ def coerce_bool(value: Any) -> bool:
     if isinstance(value, int | float) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        lowered = value.strip().lower()
+        lowered = value.lower()
         if lowered in _TRUE:
             return True
         if lowered in _FALSE:
