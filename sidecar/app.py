@@ -128,6 +128,7 @@ class SidecarApp:
             staleness=options.staleness,
             outputs=options.outputs,
             on_policy=self._on_policy,
+            max_num_seqs=lambda: inputs.max_num_seqs,
         )
         self.registry.register(AdmissionCollector(self.controller))
         self.proxy: Proxy | None = None
@@ -207,6 +208,7 @@ class SidecarApp:
             stale=stale,
             steps=snapshot.iterations_total if snapshot else None,
             waiting=snapshot.waiting if snapshot else None,
+            running=snapshot.running if snapshot else None,
         )
 
     async def _serve(

@@ -64,6 +64,9 @@ from sidecar.admission.retry import (
     usage_fall_rate,
 )
 
+PICK_AMONG = 16
+"""Capacity: the dispatcher picks the smallest expected request among this many waiting in fair order."""
+
 __all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
 
 
@@ -135,6 +138,7 @@ class AdmissionController:
         staleness: Staleness | None = None,
         outputs: OutputSettings | None = None,
         on_policy: Callable[[AdmissionMode, str], None] | None = None,
+        max_num_seqs: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.config = config
         self.detector = detector
@@ -147,6 +151,9 @@ class AdmissionController:
         self._kv_samples = kv_samples
         self._metrics_age = metrics_age
         self._on_policy = on_policy
+        self._max_num_seqs = max_num_seqs
+        self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
+        self.inflight_sequences = 0
         self.queues: dict[Lane, FairQueue[_Waiter]] = {
             lane: FairQueue(queue_settings.max_entries, queue_settings.max_tokens) for lane in Lane
         }
@@ -199,6 +206,18 @@ class AdmissionController:
         planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool.block_size)
         return {"pool": pool.blocks, "planned": planned, "unexplained": self.ledger.unexplained}
 
+    def sequence_limit(self) -> int | None:
+        """Sequences the sidecar lets run at once: vLLM's ``--max-num-seqs`` when given, else learned.
+
+        Learned: the most requests vLLM was running at a scrape where it also had requests waiting,
+        plus one (a probe: should the engine take more, it shows by running more). Holding the rest
+        here rather than in vLLM's first-come-first-served queue is what lets short requests go first.
+        """
+        configured = self._max_num_seqs()
+        if configured is not None:
+            return configured
+        return None if self.engine_sequences is None else self.engine_sequences + 1
+
     @property
     def total_inflight(self) -> int:
         """Admitted requests whose responses have not ended."""
@@ -247,6 +266,7 @@ class AdmissionController:
             fits=fits,
             inflight=self.total_inflight,
             concurrency_cap=self.concurrency_cap,
+            sequence_room=self._sequence_room(waiter.facts.sequences),
             yield_to_long=(
                 not as_head
                 and waiter.lane is Lane.SHORT
@@ -254,6 +274,10 @@ class AdmissionController:
                 and self._long_head_has_waited(now)
             ),
         )
+
+    def _sequence_room(self, sequences: int) -> bool:
+        limit = self.sequence_limit()
+        return limit is None or self.inflight_sequences == 0 or self.inflight_sequences + sequences <= limit
 
     # -- Retry-After -------------------------------------------------------------------------------
 
@@ -312,6 +336,7 @@ class AdmissionController:
             if demand is not None:
                 holding = self.ledger.add(demand, self.steps.bounds(now))
         self.inflight[waiter.lane] += 1
+        self.inflight_sequences += waiter.facts.sequences
         self.reserved_tokens += waiter.request.reserved_tokens
         facts = waiter.facts
         return Ticket(
@@ -398,10 +423,30 @@ class AdmissionController:
         head = self.queues[Lane.LONG].peek()
         return head is not None and now - head.payload.enqueued_at >= self.config.long_wait_priority
 
+    def _next_entry(self, queue: FairQueue[_Waiter], now: float) -> QueueEntry[_Waiter] | None:
+        """The entry to try next: the head, or (capacity) the smallest of the next few, or the oldest."""
+        if self.policy() is not AdmissionMode.CAPACITY:
+            return queue.peek()
+        candidates = queue.peek_many(PICK_AMONG)
+        aged = [e for e in candidates if now - e.payload.enqueued_at >= self.config.long_wait_priority]
+        if aged:
+            return min(aged, key=lambda e: e.payload.enqueued_at)
+        return min(candidates, key=lambda e: self._expected_tokens(e.payload), default=None)
+
+    def _expected_tokens(self, waiter: _Waiter) -> int:
+        max_model_len = self._max_model_len() or 0
+        expected, _ = self.outputs.expected(waiter.facts, max_model_len)
+        return sum(waiter.facts.prompts) + expected * waiter.facts.sequences
+
     def _dispatch_lane(self, lane: Lane) -> bool:
-        """Grant the lane's heads while they are admitted; ``True`` when its head still waits."""
+        """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
+
+        Under ``capacity`` the next one is the smallest expected request among the next
+        :data:`PICK_AMONG` in fair order (shortest-expected-first), unless some have waited
+        ``long_wait_priority`` seconds: then the oldest of those, and nothing overtakes it.
+        """
         queue = self.queues[lane]
-        while (entry := queue.peek()) is not None:
+        while (entry := self._next_entry(queue, self._clock())) is not None:
             waiter = entry.payload
             if waiter.future.done():
                 queue.remove(entry)
@@ -411,7 +456,7 @@ class AdmissionController:
                 is not Action.ADMIT
             ):
                 return True
-            queue.pop()
+            queue.remove(entry)
             waited = self._clock() - waiter.enqueued_at
             self.metrics.queue_wait.labels(lane=lane.value).observe(waited)
             waiter.future.set_result(self._grant(waiter, waited, queued=True))
@@ -439,6 +484,7 @@ class AdmissionController:
         completion_tokens = ticket.completion_tokens
         now = self._clock()
         self.inflight[ticket.lane] -= 1
+        self.inflight_sequences -= ticket.sequences
         self.reserved_tokens -= ticket.reserved_tokens
         holding = self.ledger.remove(ticket.holding) if ticket.holding is not None else None
         if completed:
@@ -464,6 +510,7 @@ class AdmissionController:
         stale: bool,
         steps: float | None = None,
         waiting: float | None = None,
+        running: float | None = None,
     ) -> None:
         """Feed a scrape: the detector, the step clock, the live gauge, the pressure cap; then dispatch."""
         self._observed = True
@@ -471,7 +518,9 @@ class AdmissionController:
         after = self.detector.observe(now, usage, stale=stale)
         if after is not before:
             self.metrics.transitions.labels(to=after.value).inc()
-        self.steps.observe(now, steps)
+        self.steps.observe(now, steps, busy=bool(running))
+        if waiting and running and not stale:
+            self.engine_sequences = max(self.engine_sequences or 0, int(running))
         pool = self._pool()
         if usage is not None and not stale and pool is not None:
             self.ledger.observe_usage(

@@ -24,7 +24,9 @@ The questions, in order:
 4. **Behind others**: if the request's lane already has a queue, it queues (no overtaking in a lane);
    under ``capacity`` a short request also queues while the long lane's head has waited
    ``long_wait_priority`` seconds (ageing: nothing starves).
-5. The policy's own question: ``capacity``: the pressure concurrency cap, then ``fits``;
+5. The policy's own question: ``capacity``: the pressure concurrency cap, the engine's sequence
+   limit (``max_num_seqs``: beyond it vLLM would only queue the request itself, first come first
+   served), then ``fits``;
    ``token-budget``: the token reservation; ``lanes``: the long-lane cap.
 6. Otherwise: admit.
 
@@ -99,6 +101,7 @@ class AdmissionView:
     inflight: int = 0
     concurrency_cap: int | None = None  # capacity under pressure
     yield_to_long: bool = False  # capacity: the long lane's head has waited long enough to go first
+    sequence_room: bool = True  # capacity: below the engine's sequence limit (max_num_seqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ def _policy_says_wait(
     if view.policy is AdmissionMode.CAPACITY:
         if view.concurrency_cap is not None and view.inflight >= view.concurrency_cap:
             return True
-        return not view.fits
+        return not view.sequence_room or not view.fits
     if view.policy is AdmissionMode.TOKEN_BUDGET:
         return (
             view.pool_tokens is not None

@@ -10,8 +10,11 @@ full serialises chat traffic that never comes near it. So the sidecar learns:
 * every completed answer's length (``usage.completion_tokens`` of a JSON answer, or the streamed
   chunks counted) is one sample for its key, the route and model it was asked of;
 * the key's *bound* is a high quantile (``--output-quantile``, default 0.95) of the last
-  ``window`` samples, once there are ``min_samples`` of them; before that there is no bound and
-  the prior holds: the client's own ``max_tokens`` or, without one, the room left in the context;
+  ``window`` samples once there are ``trusted_samples`` of them (20: enough for a nearest-rank p95
+  to stop being the maximum); from ``min_samples`` (4) to then it is the largest answer seen plus a
+  quarter (with ``n`` answers, the next one exceeds all of them with probability ``1 / (n + 1)``;
+  the margin and the ledger's growth tracking cover that); before ``min_samples`` there is no bound
+  and the prior holds: the client's own ``max_tokens`` or, without one, the room left in the context;
 * a request's expected output is its client bound when that is below the learned bound, else the
   learned bound; never below ``min_tokens``; with ``ignore_eos`` (vLLM generates exactly
   ``max_tokens``) always the client bound. The ledger lets a request that runs past its
@@ -32,14 +35,16 @@ class OutputSettings:
     """How the learned bound is formed."""
 
     quantile: float = 0.95
-    min_samples: int = 8
+    min_samples: int = 4
+    trusted_samples: int = 20
     window: int = 256
+    small_sample_margin: float = 1.25
 
     def __post_init__(self) -> None:
         if not 0.5 <= self.quantile <= 1.0:
             raise ValueError("the output quantile must be within [0.5, 1]")
-        if self.min_samples < 1 or self.window < self.min_samples:
-            raise ValueError("the output window must hold at least min_samples (>= 1) answers")
+        if not 1 <= self.min_samples <= self.trusted_samples <= self.window:
+            raise ValueError("the output samples must satisfy 1 <= min_samples <= trusted_samples <= window")
 
 
 @dataclass(slots=True)
@@ -59,10 +64,12 @@ class OutputLengths:
         return len(self._samples.get((route, model), ()))
 
     def bound(self, route: str, model: str) -> int | None:
-        """The learned bound (nearest-rank quantile), or ``None`` before ``min_samples`` answers."""
+        """The learned bound (see the module docstring), or ``None`` before ``min_samples`` answers."""
         window = self._samples.get((route, model))
         if window is None or len(window) < self.settings.min_samples:
             return None
+        if len(window) < self.settings.trusted_samples:
+            return math.ceil(max(window) * self.settings.small_sample_margin)
         ordered = sorted(window)
         rank = max(1, math.ceil(self.settings.quantile * len(ordered)))
         return ordered[rank - 1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -90,6 +91,19 @@ class FairQueue(Generic[T]):
         if band is None:
             return None
         return band[next(iter(band))][0]
+
+    def peek_many(self, limit: int) -> list[QueueEntry[T]]:
+        """Up to ``limit`` live entries of the first priority band, in the order :meth:`pop` serves them."""
+        band = self._first_band()
+        if band is None:
+            return []
+        fifos = [list(islice((e for e in fifo if not e.removed), limit)) for fifo in band.values()]
+        entries: list[QueueEntry[T]] = []
+        depth = 0
+        while len(entries) < limit and any(depth < len(f) for f in fifos):
+            entries.extend(f[depth] for f in fifos if depth < len(f))
+            depth += 1
+        return entries[:limit]
 
     def pop(self) -> QueueEntry[T] | None:
         """Remove and return the next entry (lowest priority number, tenants in turn), or ``None``."""

@@ -1,10 +1,13 @@
 """Two observed rates admission plans with: the engine's step clock and the pool's block release rate. Pure.
 
 * :class:`StepClock`: vLLM counts its engine steps (``vllm:iteration_tokens_total``, a histogram
-  observed once per step; its ``_count``). Each scrape gives the true count; between scrapes the
-  clock runs on at the highest step rate seen since the engine started, so it never lags what the
-  engine has really done (lagging would make in-flight requests look younger, and smaller, than
-  they are). A counter that goes down is an engine restart: the clock starts over.
+  observed once per step; its ``_count``). Each scrape gives the true count. Between scrapes the
+  *upper* bound runs on at the highest step rate seen since the engine started (x 1.25), so it never
+  lags what the engine has done (lagging would make in-flight requests look younger, and smaller,
+  than they are); the *lower* bound runs on at the slowest rate seen while the engine was busy
+  (x 0.8), and only while it was busy at the last scrape, so a request is never taken to be further
+  along (closer to its end) than it is. A counter that goes down is an engine restart: the clock
+  starts over.
 * :class:`ReleaseRate`: blocks given back by finished requests per second over the last
   ``window`` seconds: how fast the queue can drain, the basis of ``Retry-After``.
 """
@@ -17,7 +20,10 @@ from dataclasses import dataclass, field
 from sidecar.admission.capacity import Steps
 
 RATE_MARGIN = 1.25
-"""The step clock runs this much faster than the fastest rate seen (an over-estimate is safe)."""
+"""The upper bound runs this much faster than the fastest rate seen (an over-estimate is safe)."""
+SLOW_MARGIN = 0.8
+"""The lower bound runs this much slower than the slowest busy rate seen."""
+BUSY_RATES_KEPT = 64
 RELEASE_WINDOW_SECONDS = 30.0
 
 
@@ -25,29 +31,38 @@ RELEASE_WINDOW_SECONDS = 30.0
 class StepClock:
     """The engine's step count, extrapolated between scrapes (see the module docstring)."""
 
-    _last: tuple[float, float] | None = None  # (time, steps) of the last scrape
+    _last: tuple[float, float, bool] | None = None  # (time, steps, busy) of the last scrape
     max_rate: float = 0.0  # steps per second
+    _busy_rates: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_RATES_KEPT))
 
-    def observe(self, now: float, steps: float | None) -> None:
-        """A scrape at ``now`` read ``steps``."""
+    def observe(self, now: float, steps: float | None, *, busy: bool = False) -> None:
+        """A scrape at ``now`` read ``steps`` (``busy``: the engine was running requests)."""
         if steps is None:
             return
         if self._last is not None:
-            then, before = self._last
+            then, before, was_busy = self._last
             if steps < before:  # the engine restarted
                 self.max_rate = 0.0
+                self._busy_rates.clear()
             elif now > then:
-                self.max_rate = max(self.max_rate, (steps - before) / (now - then))
-        self._last = (now, steps)
+                rate = (steps - before) / (now - then)
+                self.max_rate = max(self.max_rate, rate)
+                if was_busy and busy:
+                    self._busy_rates.append(rate)
+        self._last = (now, steps, busy)
 
     def bounds(self, now: float) -> Steps:
-        """The step count at ``now``: at least the last scrape's, at most that plus the fastest rate's."""
+        """The step count at ``now``, from below and from above (see the module docstring)."""
         if self._last is None:
             return Steps()
-        then, steps = self._last
+        then, steps, busy = self._last
+        elapsed = max(0.0, now - then)
+        low = steps
+        if busy and self._busy_rates:
+            low += elapsed * min(self._busy_rates) * SLOW_MARGIN
         if self.max_rate <= 0.0:
-            return Steps(low=steps)
-        return Steps(low=steps, high=steps + max(0.0, now - then) * self.max_rate * RATE_MARGIN)
+            return Steps(low=low)
+        return Steps(low=low, high=steps + elapsed * self.max_rate * RATE_MARGIN)
 
 
 @dataclass(slots=True)

@@ -52,7 +52,7 @@ def make(
         pool=lambda: pool,
         metrics_age=clock.age,
         staleness=Staleness(after=3.0, policy=policy),
-        outputs=OutputSettings(min_samples=2),
+        outputs=OutputSettings(min_samples=2, trusted_samples=2),
     )
 
 

@@ -9,7 +9,7 @@ from sidecar.admission.capacity import Steps
 from sidecar.admission.outcomes import Reason
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
-from sidecar.admission.rates import RATE_MARGIN, ReleaseRate, StepClock
+from sidecar.admission.rates import RATE_MARGIN, SLOW_MARGIN, ReleaseRate, StepClock
 
 ROUTE = "/v1/chat/completions"
 
@@ -27,22 +27,22 @@ def test_the_prior_is_the_clients_bound_or_the_room_left() -> None:
     assert outputs.expected(facts(1000, 100), 1024) == (24, 24)  # vLLM shortens it to the room left
 
 
-def test_the_learned_bound_is_a_nearest_rank_quantile_once_there_are_enough_answers() -> None:
-    outputs = OutputLengths(OutputSettings(quantile=0.95, min_samples=8))
-    for length in range(1, 8):
-        outputs.record(ROUTE, "m", length * 10)
-    assert outputs.bound(ROUTE, "m") is None  # 7 answers: the prior still holds
-    outputs.record(ROUTE, "m", 80)
-    assert outputs.bound(ROUTE, "m") == 80  # ceil(0.95 x 8) = 8th of 8
-    for length in range(81, 101):
+def test_the_learned_bound_small_samples_then_a_nearest_rank_quantile() -> None:
+    outputs = OutputLengths(OutputSettings(quantile=0.95, min_samples=4, trusted_samples=20))
+    for length in (10, 20, 30):
         outputs.record(ROUTE, "m", length)
-    assert outputs.bound(ROUTE, "m") == 99  # 28 answers: the 27th (ceil(26.6))
+    assert outputs.bound(ROUTE, "m") is None  # 3 answers: the prior still holds
+    outputs.record(ROUTE, "m", 40)
+    assert outputs.bound(ROUTE, "m") == 50  # 4 answers: the largest plus a quarter
+    for length in range(41, 57):
+        outputs.record(ROUTE, "m", length)
+    assert outputs.bound(ROUTE, "m") == 55  # 20 answers (10..40, 41..56): the 19th, ceil(0.95 x 20)
     assert outputs.bound("/v1/completions", "m") is None  # per route
     assert outputs.bound(ROUTE, "other") is None  # and per model
 
 
 def test_expected_output_uses_the_learned_bound_below_the_clients() -> None:
-    outputs = OutputLengths(OutputSettings(min_samples=1))
+    outputs = OutputLengths(OutputSettings(min_samples=1, trusted_samples=1))
     outputs.record(ROUTE, "m", 60)
     assert outputs.expected(facts(100, 900), 1024) == (60, 900)
     assert outputs.expected(facts(100, 40), 1024) == (40, 40)  # the client's bound is below it
@@ -51,13 +51,15 @@ def test_expected_output_uses_the_learned_bound_below_the_clients() -> None:
 
 
 def test_the_window_forgets_old_answers() -> None:
-    outputs = OutputLengths(OutputSettings(min_samples=1, window=4))
+    outputs = OutputLengths(OutputSettings(min_samples=1, trusted_samples=4, window=4))
     for length in (500, 10, 10, 10, 10):
         outputs.record(ROUTE, "m", length)
     assert outputs.bound(ROUTE, "m") == 10
 
 
-@pytest.mark.parametrize("bad", [{"quantile": 0.4}, {"quantile": 1.1}, {"min_samples": 0}, {"window": 2}])
+@pytest.mark.parametrize(
+    "bad", [{"quantile": 0.4}, {"quantile": 1.1}, {"min_samples": 0}, {"window": 2}, {"trusted_samples": 2}]
+)
 def test_output_settings_are_validated(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="output"):
         OutputSettings(**bad)  # type: ignore[arg-type]
@@ -66,15 +68,17 @@ def test_output_settings_are_validated(bad: dict[str, float]) -> None:
 def test_the_step_clock_never_lags_the_engine() -> None:
     clock = StepClock()
     assert clock.bounds(0.0) == Steps()
-    clock.observe(0.0, 1000)
+    clock.observe(0.0, 1000, busy=True)
     assert clock.bounds(0.5) == Steps(low=1000)  # no rate yet: the upper bound is unknown
-    clock.observe(1.0, 1200)  # 200 steps/s
-    clock.observe(2.0, 1300)  # 100 steps/s: the fastest rate seen still counts
+    clock.observe(1.0, 1200, busy=True)  # 200 steps/s
+    clock.observe(2.0, 1300, busy=True)  # 100 steps/s: the fastest rate seen still counts
     bounds = clock.bounds(2.5)
-    assert bounds.low == 1300
+    assert bounds.low == pytest.approx(1300 + 0.5 * 100 * SLOW_MARGIN)  # the slowest busy rate
     assert bounds.high == pytest.approx(1300 + 0.5 * 200 * RATE_MARGIN)
-    clock.observe(3.0, 10)  # the counter went down: the engine restarted
-    assert clock.bounds(3.5) == Steps(low=10)
+    clock.observe(3.0, 1300, busy=False)  # idle: the lower bound stands still
+    assert clock.bounds(4.0).low == 1300
+    clock.observe(5.0, 10, busy=True)  # the counter went down: the engine restarted
+    assert clock.bounds(5.5) == Steps(low=10)
 
 
 def test_the_release_rate_of_a_known_service_rate() -> None:
