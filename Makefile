@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard sidecar tests bench dashboards)
 
-.PHONY: all setup demo plan-demo bench dashboards test test-fast lint typecheck format clean
+.PHONY: all setup demo plan-demo bench bench-admission dashboards test test-fast lint typecheck format clean
 
 all: test
 
@@ -34,6 +34,10 @@ bench: setup
 	$(BIN)/python -m bench.token_estimate
 	$(BIN)/python -m bench.proxy_overhead
 	$(BIN)/python -m bench.spike --quiet
+
+## bench-admission: five traffic shapes against a real vLLM, straight and through a fresh sidecar each (ARGS=...)
+bench-admission: setup
+	$(BIN)/python -m bench.admission_suite $(ARGS)
 
 ## lint: ruff
 lint: setup

@@ -49,6 +49,7 @@ from sidecar.admission.decide import (
     lane_of,
 )
 from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
+from sidecar.admission.order import PICK_AMONG, pick_next, urgency, wait_estimate
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
@@ -63,9 +64,6 @@ from sidecar.admission.retry import (
     queue_wait_estimate,
     usage_fall_rate,
 )
-
-PICK_AMONG = 16
-"""Capacity: the dispatcher picks the smallest expected request among this many waiting in fair order."""
 
 __all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
 
@@ -383,6 +381,9 @@ class AdmissionController:
                 _message(decision.reason),
                 retry_after=self._retry_for(decision.reason, waiter),
             )
+        if self.policy() is AdmissionMode.CAPACITY and (shed := self._shed(waiter, wait_limit)) is not None:
+            self.count(Outcome.REFUSED, shed.reason, waiter.lane)
+            raise shed
         return await self._wait(waiter, tenant, priority, wait_limit)
 
     async def _wait(self, waiter: _Waiter, tenant: str, priority: int, wait_limit: float) -> Ticket:
@@ -424,14 +425,49 @@ class AdmissionController:
         return head is not None and now - head.payload.enqueued_at >= self.config.long_wait_priority
 
     def _next_entry(self, queue: FairQueue[_Waiter], now: float) -> QueueEntry[_Waiter] | None:
-        """The entry to try next: the head, or (capacity) the smallest of the next few, or the oldest."""
+        """The entry to try next: the head, or under ``capacity`` the most urgent of the next few."""
         if self.policy() is not AdmissionMode.CAPACITY:
             return queue.peek()
-        candidates = queue.peek_many(PICK_AMONG)
-        aged = [e for e in candidates if now - e.payload.enqueued_at >= self.config.long_wait_priority]
-        if aged:
-            return min(aged, key=lambda e: e.payload.enqueued_at)
-        return min(candidates, key=lambda e: self._expected_tokens(e.payload), default=None)
+        return pick_next(queue.peek_many(PICK_AMONG), lambda e: self._urgency(e.payload, now))
+
+    def _urgency(self, waiter: _Waiter, now: float) -> float:
+        return urgency(self._expected_tokens(waiter), now - waiter.enqueued_at)
+
+    def _shed(self, waiter: _Waiter, wait_limit: float) -> RefusedError | None:
+        """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``."""
+        pool = self._pool()
+        demand = self._demand(waiter.facts, waiter.hashes)
+        if pool is None or demand is None:
+            return None
+        now = self._clock()
+        mine = self._urgency(waiter, now)
+        lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
+        ahead = [
+            e.payload
+            for lane in lanes
+            for e in self.queues[lane].peek_many(len(self.queues[lane]))
+            if self._urgency(e.payload, now) <= mine
+        ]
+        blocks_ahead = 0
+        for other in ahead:
+            other_demand = self._demand(other.facts, other.hashes)
+            blocks_ahead += self.ledger.added_blocks(other_demand, pool.block_size) if other_demand else 0
+        estimate = wait_estimate(
+            blocks_ahead,
+            len(ahead),
+            self.ledger.added_blocks(demand, pool.block_size),
+            self.ledger.free_blocks(pool, self.steps.bounds(now)),
+            self.releases.per_second(now),
+            self.releases.requests_per_second(now),
+        )
+        if estimate is None or estimate <= wait_limit:
+            return None
+        return RefusedError(
+            Reason.QUEUE_FULL,
+            f"the queue ahead of this request would take about {estimate:.0f}s to serve, "
+            f"more than its {wait_limit:g}s wait limit; retry later",
+            retry_after=clamp_retry_after(estimate),
+        )
 
     def _expected_tokens(self, waiter: _Waiter) -> int:
         max_model_len = self._max_model_len() or 0
@@ -441,9 +477,8 @@ class AdmissionController:
     def _dispatch_lane(self, lane: Lane) -> bool:
         """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
 
-        Under ``capacity`` the next one is the smallest expected request among the next
-        :data:`PICK_AMONG` in fair order (shortest-expected-first), unless some have waited
-        ``long_wait_priority`` seconds: then the oldest of those, and nothing overtakes it.
+        Under ``capacity`` the next one is the most urgent of the next :data:`PICK_AMONG` in fair
+        order (shortest expected first, with ageing: see :mod:`sidecar.admission.order`).
         """
         queue = self.queues[lane]
         while (entry := self._next_entry(queue, self._clock())) is not None:

@@ -92,3 +92,10 @@ class ReleaseRate:
             return None
         span = max(now - self._events[0][0], 1e-3)
         return sum(blocks for _, blocks in list(self._events)[1:]) / span
+
+    def requests_per_second(self, now: float) -> float | None:
+        """Requests finished per second over the window (the same span), or ``None`` with fewer than two."""
+        self._trim(now)
+        if len(self._events) < 2:
+            return None
+        return (len(self._events) - 1) / max(now - self._events[0][0], 1e-3)

@@ -1,0 +1,56 @@
+"""Which waiting request goes next, and whether one can be served within its wait limit at all. Pure.
+
+Theory of operation
+-------------------
+Under the ``capacity`` policy the dispatcher serves the *smallest expected* request first
+(shortest-job-first minimises mean waiting time; a short chat turn is not held behind a long
+summary), with ageing so nothing starves: a request's urgency key is its expected tokens
+(prompts plus expected output, every sequence) divided by ``1 + waited / AGEING_SECONDS``. A
+request that has waited two seconds competes at half its size, after twenty at a tenth, so a large
+request that keeps being passed over soon outranks fresh small ones. Only the next
+:data:`PICK_AMONG` entries in the queue's fair order (priority bands, tenants in turn) are
+compared, which keeps priorities and tenant fairness in charge and each decision O(1).
+
+Under sustained overload a queue only grows: a request that cannot be served within its wait
+limit is better refused at once with an honest ``Retry-After`` than held until it times out. The
+wait is estimated from what is ahead of it (in urgency order) and what the engine has been
+releasing: ``max(blocks / block rate, requests / request rate)`` over the last 30 s, less the
+blocks free now. Before releases have been seen there is no estimate and nothing is shed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+AGEING_SECONDS = 2.0
+"""Waiting this long halves a request's urgency key."""
+PICK_AMONG = 16
+"""The dispatcher compares this many waiting requests, in fair order."""
+
+
+def urgency(expected_tokens: int, waited: float) -> float:
+    """The ordering key: lower goes first."""
+    return expected_tokens / (1.0 + max(0.0, waited) / AGEING_SECONDS)
+
+
+def pick_next(candidates: Sequence[T], key: Callable[[T], float]) -> T | None:
+    """The candidate with the lowest key (the first of equals: fair order breaks ties)."""
+    return min(candidates, key=key, default=None)
+
+
+def wait_estimate(  # noqa: PLR0913, PLR0917 - two queues and two rates, each named
+    blocks_ahead: int,
+    requests_ahead: int,
+    own_blocks: int,
+    free_blocks: int,
+    block_rate: float | None,
+    request_rate: float | None,
+) -> float | None:
+    """Seconds until a request with this much ahead of it can start; ``None`` before any rate is known."""
+    if not block_rate or not request_rate:
+        return None
+    missing_blocks = max(0, blocks_ahead + own_blocks - max(0, free_blocks))
+    return max(missing_blocks / block_rate, requests_ahead / request_rate)
