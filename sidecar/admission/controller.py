@@ -49,7 +49,7 @@ from sidecar.admission.decide import (
     lane_of,
 )
 from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
-from sidecar.admission.order import PICK_AMONG, pick_next, urgency, wait_estimate
+from sidecar.admission.order import pick_next, urgency, wait_estimate
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
@@ -264,7 +264,7 @@ class AdmissionController:
             fits=fits,
             inflight=self.total_inflight,
             concurrency_cap=self.concurrency_cap,
-            sequence_room=self._sequence_room(waiter.facts.sequences),
+            sequence_room=self._sequence_room(waiter.facts.sequences, waiter.lane),
             yield_to_long=(
                 not as_head
                 and waiter.lane is Lane.SHORT
@@ -273,9 +273,14 @@ class AdmissionController:
             ),
         )
 
-    def _sequence_room(self, sequences: int) -> bool:
+    def _sequence_room(self, sequences: int, lane: Lane) -> bool:
+        """Below the engine's sequence limit; long requests leave the last slot to short ones."""
         limit = self.sequence_limit()
-        return limit is None or self.inflight_sequences == 0 or self.inflight_sequences + sequences <= limit
+        if limit is None or self.inflight_sequences == 0:
+            return True
+        if lane is Lane.LONG and limit > 1:
+            limit -= 1
+        return self.inflight_sequences + sequences <= limit
 
     # -- Retry-After -------------------------------------------------------------------------------
 
@@ -428,18 +433,25 @@ class AdmissionController:
         """The entry to try next: the head, or under ``capacity`` the most urgent of the next few."""
         if self.policy() is not AdmissionMode.CAPACITY:
             return queue.peek()
-        return pick_next(queue.peek_many(PICK_AMONG), lambda e: self._urgency(e.payload, now))
+        return pick_next(queue.next_tenant_entries(), lambda e: self._urgency(e.payload, now))
+
+    def _oldest_wait(self, now: float) -> float:
+        heads = [q.peek() for q in self.queues.values()]
+        return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
 
     def _urgency(self, waiter: _Waiter, now: float) -> float:
         return urgency(self._expected_tokens(waiter), now - waiter.enqueued_at)
 
     def _shed(self, waiter: _Waiter, wait_limit: float) -> RefusedError | None:
-        """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``."""
+        """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``.
+
+        Only while the queue is not draining: its oldest request has waited half its limit already.
+        """
         pool = self._pool()
         demand = self._demand(waiter.facts, waiter.hashes)
-        if pool is None or demand is None:
-            return None
         now = self._clock()
+        if pool is None or demand is None or self._oldest_wait(now) < wait_limit / 2:
+            return None
         mine = self._urgency(waiter, now)
         lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
         ahead = [
@@ -477,8 +489,8 @@ class AdmissionController:
     def _dispatch_lane(self, lane: Lane) -> bool:
         """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
 
-        Under ``capacity`` the next one is the most urgent of the next :data:`PICK_AMONG` in fair
-        order (shortest expected first, with ageing: see :mod:`sidecar.admission.order`).
+        Under ``capacity`` the next one is the most urgent waiting request of the tenant whose turn it
+        is (shortest expected first, with ageing: see :mod:`sidecar.admission.order`).
         """
         queue = self.queues[lane]
         while (entry := self._next_entry(queue, self._clock())) is not None:
@@ -491,7 +503,7 @@ class AdmissionController:
                 is not Action.ADMIT
             ):
                 return True
-            queue.remove(entry)
+            queue.take(entry)
             waited = self._clock() - waiter.enqueued_at
             self.metrics.queue_wait.labels(lane=lane.value).observe(waited)
             waiter.future.set_result(self._grant(waiter, waited, queued=True))
@@ -503,7 +515,7 @@ class AdmissionController:
             if not self._dispatch_lane(Lane.LONG):
                 self._dispatch_lane(Lane.SHORT)
             return
-        for lane in (Lane.SHORT, Lane.LONG):
+        for lane in (Lane.SHORT, Lane.LONG):  # short requests first; long ones never take the last slot
             self._dispatch_lane(lane)
 
     def progress(self, ticket: Ticket, generated: int) -> None:
@@ -529,12 +541,8 @@ class AdmissionController:
             per_sequence = math.ceil(completion_tokens / max(1, ticket.sequences))
             self.outputs.record(ticket.route, ticket.model, per_sequence)
         pool = self._pool()
-        if holding is not None and pool is not None and completed:
-            generated = per_sequence if per_sequence is not None else holding.demand.expected_output
-            held = holding.demand.private_blocks(generated, 0, pool.block_size) + len(
-                holding.demand.all_hashes
-            )
-            self.releases.record(now, held)
+        if holding is not None and pool is not None and completed:  # the blocks it had planned for
+            self.releases.record(now, self.ledger.added_blocks(holding.demand, pool.block_size))
         self.dispatch()
 
     def observe(

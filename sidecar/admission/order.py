@@ -7,15 +7,17 @@ Under the ``capacity`` policy the dispatcher serves the *smallest expected* requ
 summary), with ageing so nothing starves: a request's urgency key is its expected tokens
 (prompts plus expected output, every sequence) divided by ``1 + waited / AGEING_SECONDS``. A
 request that has waited two seconds competes at half its size, after twenty at a tenth, so a large
-request that keeps being passed over soon outranks fresh small ones. Only the next
-:data:`PICK_AMONG` entries in the queue's fair order (priority bands, tenants in turn) are
-compared, which keeps priorities and tenant fairness in charge and each decision O(1).
+request that keeps being passed over soon outranks fresh small ones. Priorities and tenants stay
+in charge: the candidates are the waiting requests of the tenant whose turn it is in the highest
+priority band (tenants still take turns, one request each), and the most urgent of them goes.
 
 Under sustained overload a queue only grows: a request that cannot be served within its wait
 limit is better refused at once with an honest ``Retry-After`` than held until it times out. The
 wait is estimated from what is ahead of it (in urgency order) and what the engine has been
-releasing: ``max(blocks / block rate, requests / request rate)`` over the last 30 s, less the
-blocks free now. Before releases have been seen there is no estimate and nothing is shed.
+releasing: ``max(blocks / block rate, requests / request rate)`` over the last 30 s, blocks
+counted as planned (what finished requests had reserved), less the blocks free now. Shedding
+starts only once the queue is not draining (its oldest request has waited half its wait limit),
+so a short spike is queued, never refused; before releases have been seen nothing is shed.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ T = TypeVar("T")
 
 AGEING_SECONDS = 2.0
 """Waiting this long halves a request's urgency key."""
-PICK_AMONG = 16
-"""The dispatcher compares this many waiting requests, in fair order."""
 
 
 def urgency(expected_tokens: int, waited: float) -> float:
@@ -41,7 +41,7 @@ def pick_next(candidates: Sequence[T], key: Callable[[T], float]) -> T | None:
     return min(candidates, key=key, default=None)
 
 
-def wait_estimate(  # noqa: PLR0913, PLR0917 - two queues and two rates, each named
+def wait_estimate(  # noqa: PLR0917 - two queues and two rates, each named
     blocks_ahead: int,
     requests_ahead: int,
     own_blocks: int,

@@ -11,7 +11,7 @@ full serialises chat traffic that never comes near it. So the sidecar learns:
   chunks counted) is one sample for its key, the route and model it was asked of;
 * the key's *bound* is a high quantile (``--output-quantile``, default 0.95) of the last
   ``window`` samples once there are ``trusted_samples`` of them (20: enough for a nearest-rank p95
-  to stop being the maximum); from ``min_samples`` (4) to then it is the largest answer seen plus a
+  to stop being the maximum); from ``min_samples`` (3) to then it is the largest answer seen plus a
   quarter (with ``n`` answers, the next one exceeds all of them with probability ``1 / (n + 1)``;
   the margin and the ledger's growth tracking cover that); before ``min_samples`` there is no bound
   and the prior holds: the client's own ``max_tokens`` or, without one, the room left in the context;
@@ -35,7 +35,7 @@ class OutputSettings:
     """How the learned bound is formed."""
 
     quantile: float = 0.95
-    min_samples: int = 4
+    min_samples: int = 3
     trusted_samples: int = 20
     window: int = 256
     small_sample_margin: float = 1.25

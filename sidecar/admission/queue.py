@@ -105,6 +105,19 @@ class FairQueue(Generic[T]):
             depth += 1
         return entries[:limit]
 
+    def next_tenant_entries(self) -> list[QueueEntry[T]]:
+        """Every live entry of the tenant whose turn it is (first priority band), oldest first."""
+        band = self._first_band()
+        if band is None:
+            return []
+        return [e for e in band[next(iter(band))] if not e.removed]
+
+    def take(self, entry: QueueEntry[T]) -> None:
+        """Remove ``entry`` (served out of order) and pass the turn to the next tenant, as :meth:`pop` does."""
+        band = self._bands.get(entry.priority)
+        if self.remove(entry) and band is not None and entry.tenant in band:
+            band.move_to_end(entry.tenant)
+
     def pop(self) -> QueueEntry[T] | None:
         """Remove and return the next entry (lowest priority number, tenants in turn), or ``None``."""
         band = self._first_band()
