@@ -10,8 +10,9 @@ else ``max_tokens``, else ``None`` ("up to the context length", vLLM's default).
 
 Numbers and booleans are coerced the way vLLM's pydantic request models coerce them in lax mode
 (``"8"``, ``8.0`` and ``true`` are the integer 8, 8 and 1; ``2.5`` and ``"abc"`` are refused),
-which ``tests/unit/test_body_parity.py`` checks against pydantic itself. ``n`` (and ``best_of``
-where larger) is the number of sequences per prompt. Every problem is one :class:`RefusedError`
+which ``tests/unit/test_body_parity.py`` checks against pydantic itself. ``n`` is the number of
+sequences per prompt (``best_of`` no longer exists in vLLM 0.32: like any unknown field it is
+ignored, so it is ignored here too). Every problem is one :class:`RefusedError`
 naming it; values vLLM would refuse for its own reasons are left to vLLM unless
 :mod:`sidecar.admission.parity` says the sidecar refuses them the same way.
 """
@@ -88,7 +89,7 @@ class RequestFacts:
     prompts: tuple[int, ...]  # tokens of each prompt (a batch has several)
     max_output_tokens: int | None  # the client's bound per sequence; None: up to the context length
     exact: bool  # prompt counts are exact (token ids, or the model's tokenizer and template)
-    choices: int = 1  # sequences per prompt (n, or best_of when larger)
+    choices: int = 1  # sequences per prompt (n)
     min_output_tokens: int = 0
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
@@ -257,9 +258,7 @@ def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> Req
         output = _optional_int(body, "max_tokens")
         if output is None:
             output = COMPLETIONS_DEFAULT_MAX_TOKENS
-    n = _optional_int(body, "n")
-    best_of = _optional_int(body, "best_of")
-    choices = max(1, n or 1, best_of or 1)
+    choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
     priority = _optional_int(body, "priority")
     model = body.get("model")
     return RequestFacts(

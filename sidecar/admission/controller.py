@@ -32,13 +32,12 @@ and ``cancelled``.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, blocks_for, prompt_hashes
+from sidecar.admission.capacity import PoolView, blocks_for
 from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
@@ -49,16 +48,15 @@ from sidecar.admission.decide import (
     lane_of,
 )
 from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
-from sidecar.admission.order import pick_next, urgency, wait_estimate
+from sidecar.admission.order import pick_next, urgency
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
+from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.pressure import PressureDetector, PressureState, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry
-from sidecar.admission.rates import ReleaseRate, StepClock
 from sidecar.admission.retry import (
     ServiceStats,
-    capacity_wait_estimate,
     clamp_retry_after,
     pressure_wait_estimate,
     queue_wait_estimate,
@@ -149,19 +147,15 @@ class AdmissionController:
         self._kv_samples = kv_samples
         self._metrics_age = metrics_age
         self._on_policy = on_policy
-        self._max_num_seqs = max_num_seqs
-        self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
-        self.inflight_sequences = 0
+        self.planner = CapacityPlanner(
+            pool=pool, max_model_len=max_model_len, outputs=outputs, max_num_seqs=max_num_seqs
+        )
         self.queues: dict[Lane, FairQueue[_Waiter]] = {
             lane: FairQueue(queue_settings.max_entries, queue_settings.max_tokens) for lane in Lane
         }
         self.inflight: dict[Lane, int] = dict.fromkeys(Lane, 0)
         self.reserved_tokens = 0
         self.stats: dict[Lane, ServiceStats] = {lane: ServiceStats() for lane in Lane}
-        self.ledger = CapacityLedger()
-        self.outputs = OutputLengths(outputs or OutputSettings())
-        self.steps = StepClock()
-        self.releases = ReleaseRate()
         self.concurrency_cap: int | None = None
         self._cap_changed_at = 0.0
         self._policy: AdmissionMode | None = None
@@ -188,7 +182,7 @@ class AdmissionController:
         wanted = self.config.mode
         effective = wanted
         why = "configured"
-        if wanted is AdmissionMode.CAPACITY and (self._pool() is None or self._max_model_len() is None):
+        if wanted is AdmissionMode.CAPACITY and not self.planner.known():
             effective, why = AdmissionMode.LANES, "no KV pool or max_model_len known yet"
         if effective is not self._policy and self._observed:  # said once per change, from the first scrape on
             self._policy = effective
@@ -196,25 +190,14 @@ class AdmissionController:
                 self._on_policy(effective, why)
         return effective
 
+    @property
+    def outputs(self) -> OutputLengths:
+        """The learned answer lengths."""
+        return self.planner.outputs
+
     def block_figures(self, now: float) -> dict[str, int]:
         """Pool, planned and unexplained blocks (empty while no pool is known)."""
-        pool = self._pool()
-        if pool is None:
-            return {}
-        planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool.block_size)
-        return {"pool": pool.blocks, "planned": planned, "unexplained": self.ledger.unexplained}
-
-    def sequence_limit(self) -> int | None:
-        """Sequences the sidecar lets run at once: vLLM's ``--max-num-seqs`` when given, else learned.
-
-        Learned: the most requests vLLM was running at a scrape where it also had requests waiting,
-        plus one (a probe: should the engine take more, it shows by running more). Holding the rest
-        here rather than in vLLM's first-come-first-served queue is what lets short requests go first.
-        """
-        configured = self._max_num_seqs()
-        if configured is not None:
-            return configured
-        return None if self.engine_sequences is None else self.engine_sequences + 1
+        return self.planner.block_figures(now)
 
     @property
     def total_inflight(self) -> int:
@@ -223,33 +206,11 @@ class AdmissionController:
 
     # -- planning ----------------------------------------------------------------------------------
 
-    def _hashes(self, facts: RequestFacts) -> tuple[tuple[int, ...], ...]:
-        pool = self._pool()
-        return prompt_hashes(facts.prompt_ids, pool) if pool is not None else ()
-
-    def _demand(self, waiter_facts: RequestFacts, hashes: tuple[tuple[int, ...], ...]) -> Demand | None:
-        pool, max_model_len = self._pool(), self._max_model_len()
-        if pool is None or max_model_len is None:
-            return None
-        expected, bound = self.outputs.expected(waiter_facts, max_model_len)
-        return Demand(
-            prompts=waiter_facts.prompts,
-            choices=waiter_facts.choices,
-            expected_output=expected,
-            output_bound=bound,
-            max_model_len=max_model_len,
-            hashes=hashes,
-        )
-
     def _view(self, waiter: _Waiter, *, as_head: bool = False) -> AdmissionView:
         now = self._clock()
         queue = self.queues[waiter.lane]
         policy = self.policy()
-        fits = True
-        if policy is AdmissionMode.CAPACITY:
-            demand, pool = self._demand(waiter.facts, waiter.hashes), self._pool()
-            if demand is not None and pool is not None:
-                fits = self.ledger.fits(demand, pool, self.steps.bounds(now))
+        fits = policy is not AdmissionMode.CAPACITY or self.planner.fits(waiter.facts, waiter.hashes, now)
         pool = self._pool()
         return AdmissionView(
             pressure=self.pressure_state(now) is PressureState.PRESSURE,
@@ -264,7 +225,7 @@ class AdmissionController:
             fits=fits,
             inflight=self.total_inflight,
             concurrency_cap=self.concurrency_cap,
-            sequence_room=self._sequence_room(waiter.facts.sequences, waiter.lane),
+            sequence_room=self.planner.sequence_room(waiter.facts.sequences, waiter.lane),
             yield_to_long=(
                 not as_head
                 and waiter.lane is Lane.SHORT
@@ -272,15 +233,6 @@ class AdmissionController:
                 and self._long_head_has_waited(now)
             ),
         )
-
-    def _sequence_room(self, sequences: int, lane: Lane) -> bool:
-        """Below the engine's sequence limit; long requests leave the last slot to short ones."""
-        limit = self.sequence_limit()
-        if limit is None or self.inflight_sequences == 0:
-            return True
-        if lane is Lane.LONG and limit > 1:
-            limit -= 1
-        return self.inflight_sequences + sequences <= limit
 
     # -- Retry-After -------------------------------------------------------------------------------
 
@@ -307,12 +259,7 @@ class AdmissionController:
             queued = len(queue) + (len(self.queues[Lane.SHORT]) if lane is Lane.LONG else 0)
             share = ahead / len(queue) if len(queue) else 0.0
             blocks_ahead = blocks_for(round(queued_tokens * share if queued else 0), pool.block_size)
-            capacity = capacity_wait_estimate(
-                blocks_ahead,
-                own_blocks,
-                self.ledger.free_blocks(pool, self.steps.bounds(now)),
-                self.releases.per_second(now),
-            )
+            capacity = self.planner.retry_estimate(blocks_ahead, own_blocks, now)
             if capacity is not None:
                 return clamp_retry_after(capacity)
         concurrency = self.config.long_lane_concurrency if lane is Lane.LONG else max(1, self.inflight[lane])
@@ -322,8 +269,7 @@ class AdmissionController:
 
     def _retry_for(self, reason: Reason, waiter: _Waiter, position: int | None = None) -> int | None:
         if reason in {Reason.KV_PRESSURE, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT}:
-            demand, pool = self._demand(waiter.facts, waiter.hashes), self._pool()
-            own = self.ledger.added_blocks(demand, pool.block_size) if demand and pool else 0
+            own = self.planner.added_blocks(waiter.facts, waiter.hashes)
             return self.retry_after(reason, waiter.lane, position, own)
         if reason is Reason.DRAINING:
             return clamp_retry_after(self.detector.settings.window)
@@ -333,13 +279,9 @@ class AdmissionController:
 
     def _grant(self, waiter: _Waiter, waited: float, *, queued: bool = False) -> Ticket:
         now = self._clock()
-        holding = None
-        if self.policy() is AdmissionMode.CAPACITY:
-            demand = self._demand(waiter.facts, waiter.hashes)
-            if demand is not None:
-                holding = self.ledger.add(demand, self.steps.bounds(now))
+        in_ledger = self.policy() is AdmissionMode.CAPACITY
+        holding = self.planner.hold(waiter.facts, waiter.hashes, now, in_ledger=in_ledger)
         self.inflight[waiter.lane] += 1
-        self.inflight_sequences += waiter.facts.sequences
         self.reserved_tokens += waiter.request.reserved_tokens
         facts = waiter.facts
         return Ticket(
@@ -373,7 +315,7 @@ class AdmissionController:
             reserved_tokens=_token_reservation(facts, max_model_len),
             refusal=refusal.reason if refusal else None,
         )
-        waiter = _Waiter(facts, request, self.lane_of(facts), self._clock(), self._hashes(facts))
+        waiter = _Waiter(facts, request, self.lane_of(facts), self._clock(), self.planner.hashes(facts))
         decision = decide(request, self._view(waiter), self.config)
         if decision.action is Action.ADMIT:
             return self._grant(waiter, 0.0)
@@ -440,38 +382,25 @@ class AdmissionController:
         return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
 
     def _urgency(self, waiter: _Waiter, now: float) -> float:
-        return urgency(self._expected_tokens(waiter), now - waiter.enqueued_at)
+        return urgency(self.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
 
     def _shed(self, waiter: _Waiter, wait_limit: float) -> RefusedError | None:
         """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``.
 
         Only while the queue is not draining: its oldest request has waited half its limit already.
         """
-        pool = self._pool()
-        demand = self._demand(waiter.facts, waiter.hashes)
         now = self._clock()
-        if pool is None or demand is None or self._oldest_wait(now) < wait_limit / 2:
+        if not self.planner.known() or self._oldest_wait(now) < wait_limit / 2:
             return None
         mine = self._urgency(waiter, now)
         lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
         ahead = [
-            e.payload
+            (e.payload.facts, e.payload.hashes)
             for lane in lanes
             for e in self.queues[lane].peek_many(len(self.queues[lane]))
             if self._urgency(e.payload, now) <= mine
         ]
-        blocks_ahead = 0
-        for other in ahead:
-            other_demand = self._demand(other.facts, other.hashes)
-            blocks_ahead += self.ledger.added_blocks(other_demand, pool.block_size) if other_demand else 0
-        estimate = wait_estimate(
-            blocks_ahead,
-            len(ahead),
-            self.ledger.added_blocks(demand, pool.block_size),
-            self.ledger.free_blocks(pool, self.steps.bounds(now)),
-            self.releases.per_second(now),
-            self.releases.requests_per_second(now),
-        )
+        estimate = self.planner.queue_wait(ahead, (waiter.facts, waiter.hashes), now)
         if estimate is None or estimate <= wait_limit:
             return None
         return RefusedError(
@@ -480,11 +409,6 @@ class AdmissionController:
             f"more than its {wait_limit:g}s wait limit; retry later",
             retry_after=clamp_retry_after(estimate),
         )
-
-    def _expected_tokens(self, waiter: _Waiter) -> int:
-        max_model_len = self._max_model_len() or 0
-        expected, _ = self.outputs.expected(waiter.facts, max_model_len)
-        return sum(waiter.facts.prompts) + expected * waiter.facts.sequences
 
     def _dispatch_lane(self, lane: Lane) -> bool:
         """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
@@ -520,29 +444,26 @@ class AdmissionController:
 
     def progress(self, ticket: Ticket, generated: int) -> None:
         """A streaming answer has reached ``generated`` tokens per sequence."""
-        if ticket.holding is not None and (holding := self.ledger.holdings.get(ticket.holding)) is not None:
-            holding.generated = max(holding.generated, generated)
+        self.planner.progress(ticket.holding, generated)
 
     def release(self, ticket: Ticket, *, completed: bool = True) -> None:
         """The response to an admitted request has ended: free its slot and blocks, learn, let waiters in."""
         if ticket.released:
             return
         ticket.released = True
-        completion_tokens = ticket.completion_tokens
         now = self._clock()
         self.inflight[ticket.lane] -= 1
-        self.inflight_sequences -= ticket.sequences
         self.reserved_tokens -= ticket.reserved_tokens
-        holding = self.ledger.remove(ticket.holding) if ticket.holding is not None else None
         if completed:
             self.stats[ticket.lane].record(now - ticket.admitted_at)
-        per_sequence = None
-        if completion_tokens is not None and completed:
-            per_sequence = math.ceil(completion_tokens / max(1, ticket.sequences))
-            self.outputs.record(ticket.route, ticket.model, per_sequence)
-        pool = self._pool()
-        if holding is not None and pool is not None and completed:  # the blocks it had planned for
-            self.releases.record(now, self.ledger.added_blocks(holding.demand, pool.block_size))
+        self.planner.release(
+            ticket.holding,
+            ticket.sequences,
+            now,
+            completed=completed,
+            completion_tokens=ticket.completion_tokens,
+            key=(ticket.route, ticket.model),
+        )
         self.dispatch()
 
     def observe(
@@ -561,14 +482,7 @@ class AdmissionController:
         after = self.detector.observe(now, usage, stale=stale)
         if after is not before:
             self.metrics.transitions.labels(to=after.value).inc()
-        self.steps.observe(now, steps, busy=bool(running))
-        if waiting and running and not stale:
-            self.engine_sequences = max(self.engine_sequences or 0, int(running))
-        pool = self._pool()
-        if usage is not None and not stale and pool is not None:
-            self.ledger.observe_usage(
-                usage * pool.blocks, self.steps.bounds(now), pool.block_size, waiting=waiting
-            )
+        self.planner.observe(now, usage, stale=stale, steps=steps, waiting=waiting, running=running)
         self._update_cap(now)
         self.dispatch()
 

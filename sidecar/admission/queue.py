@@ -113,7 +113,7 @@ class FairQueue(Generic[T]):
         return [e for e in band[next(iter(band))] if not e.removed]
 
     def take(self, entry: QueueEntry[T]) -> None:
-        """Remove ``entry`` (served out of order) and pass the turn to the next tenant, as :meth:`pop` does."""
+        """Remove ``entry`` and pass the turn to the next tenant, as :meth:`pop` does."""
         band = self._bands.get(entry.priority)
         if self.remove(entry) and band is not None and entry.tenant in band:
             band.move_to_end(entry.tenant)

@@ -1,0 +1,193 @@
+"""What the ``capacity`` policy knows about the engine's pool, gathered in one place.
+
+The controller owns the queues and the waiting; this object owns the knowledge behind each
+decision: the block ledger (:mod:`sidecar.admission.capacity`), the learned answer lengths
+(:mod:`sidecar.admission.outputs`), the engine's step clock and block release rate
+(:mod:`sidecar.admission.rates`) and the engine's sequence limit. No I/O and no clock of its own:
+every method takes ``now``; the pool and ``max_model_len`` come from callables the application
+wires to what vLLM reports (``cache_config_info``, ``/v1/models``) or, before that, to the prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from sidecar.admission.body import RequestFacts
+from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, prompt_hashes
+from sidecar.admission.order import wait_estimate
+from sidecar.admission.outcomes import Lane
+from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.rates import ReleaseRate, StepClock
+from sidecar.admission.retry import capacity_wait_estimate
+
+Hashes = tuple[tuple[int, ...], ...]
+
+
+class CapacityPlanner:
+    """The ledger, the learned output lengths, the step clock, the release rate, the sequence limit."""
+
+    def __init__(
+        self,
+        *,
+        pool: Callable[[], PoolView | None],
+        max_model_len: Callable[[], int | None],
+        outputs: OutputSettings | None = None,
+        max_num_seqs: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self.pool = pool
+        self.max_model_len = max_model_len
+        self._max_num_seqs = max_num_seqs
+        self.ledger = CapacityLedger()
+        self.outputs = OutputLengths(outputs or OutputSettings())
+        self.steps = StepClock()
+        self.releases = ReleaseRate()
+        self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
+        self.inflight_sequences = 0
+
+    def known(self) -> bool:
+        """Whether a pool and ``max_model_len`` are known (else ``capacity`` falls back to ``lanes``)."""
+        return self.pool() is not None and self.max_model_len() is not None
+
+    # -- one request -------------------------------------------------------------------------------
+
+    def hashes(self, facts: RequestFacts) -> Hashes:
+        """The request's shareable prompt blocks (computed once, when it arrives)."""
+        pool = self.pool()
+        return prompt_hashes(facts.prompt_ids, pool) if pool is not None else ()
+
+    def demand(self, facts: RequestFacts, hashes: Hashes) -> Demand | None:
+        """The ledger's plan for the request with what is learned now; ``None`` while nothing is known."""
+        max_model_len = self.max_model_len()
+        if self.pool() is None or max_model_len is None:
+            return None
+        expected, bound = self.outputs.expected(facts, max_model_len)
+        return Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
+
+    def fits(self, facts: RequestFacts, hashes: Hashes, now: float) -> bool:
+        """Whether the request fits beside everyone in flight over its lifetime."""
+        demand, pool = self.demand(facts, hashes), self.pool()
+        if demand is None or pool is None:
+            return True
+        return self.ledger.fits(demand, pool, self.steps.bounds(now))
+
+    def added_blocks(self, facts: RequestFacts, hashes: Hashes) -> int:
+        """Blocks the request would add at its peak."""
+        demand, pool = self.demand(facts, hashes), self.pool()
+        return self.ledger.added_blocks(demand, pool.block_size) if demand and pool else 0
+
+    def expected_tokens(self, facts: RequestFacts) -> int:
+        """Prompts plus expected output over every sequence (the urgency order's size)."""
+        expected, _ = self.outputs.expected(facts, self.max_model_len() or 0)
+        return sum(facts.prompts) + expected * facts.sequences
+
+    # -- the engine's sequence limit ---------------------------------------------------------------
+
+    def sequence_limit(self) -> int | None:
+        """Sequences let run at once: vLLM's ``--max-num-seqs`` when given, else learned.
+
+        Learned: the most requests vLLM was running at a scrape where it also had requests waiting,
+        plus one (a probe: should the engine take more, it shows by running more). Holding the rest
+        here rather than in vLLM's first-come-first-served queue is what lets short requests go first.
+        """
+        configured = self._max_num_seqs()
+        if configured is not None:
+            return configured
+        return None if self.engine_sequences is None else self.engine_sequences + 1
+
+    def sequence_room(self, sequences: int, lane: Lane) -> bool:
+        """Below the engine's sequence limit; long requests leave the last slot to short ones."""
+        limit = self.sequence_limit()
+        if limit is None or self.inflight_sequences == 0:
+            return True
+        if lane is Lane.LONG and limit > 1:
+            limit -= 1
+        return self.inflight_sequences + sequences <= limit
+
+    # -- holdings ----------------------------------------------------------------------------------
+
+    def hold(self, facts: RequestFacts, hashes: Hashes, now: float, *, in_ledger: bool) -> int | None:
+        """An admitted request: its sequences counted, and (``in_ledger``) its blocks held."""
+        self.inflight_sequences += facts.sequences
+        demand = self.demand(facts, hashes) if in_ledger else None
+        return None if demand is None else self.ledger.add(demand, self.steps.bounds(now))
+
+    def progress(self, holding: int | None, generated: int) -> None:
+        """A streaming answer has reached ``generated`` tokens per sequence."""
+        if holding is not None and (held := self.ledger.holdings.get(holding)) is not None:
+            held.generated = max(held.generated, generated)
+
+    def release(
+        self,
+        holding: int | None,
+        sequences: int,
+        now: float,
+        *,
+        completed: bool,
+        completion_tokens: int | None,
+        key: tuple[str, str],
+    ) -> None:
+        """A request ended: its sequences and blocks freed; its answer length learned, its release rated."""
+        self.inflight_sequences -= sequences
+        held = self.ledger.remove(holding) if holding is not None else None
+        if completion_tokens is not None and completed:
+            self.outputs.record(key[0], key[1], math.ceil(completion_tokens / max(1, sequences)))
+        pool = self.pool()
+        if held is not None and pool is not None and completed:  # the blocks it had planned for
+            self.releases.record(now, self.ledger.added_blocks(held.demand, pool.block_size))
+
+    # -- scrapes -----------------------------------------------------------------------------------
+
+    def observe(
+        self,
+        now: float,
+        usage: float | None,
+        *,
+        stale: bool,
+        steps: float | None,
+        waiting: float | None,
+        running: float | None,
+    ) -> None:
+        """A scrape: the step clock, the sequence limit, the live gauge."""
+        self.steps.observe(now, steps, busy=bool(running))
+        if waiting and running and not stale:
+            self.engine_sequences = max(self.engine_sequences or 0, int(running))
+        pool = self.pool()
+        if usage is not None and not stale and pool is not None:
+            bounds = self.steps.bounds(now)
+            self.ledger.observe_usage(usage * pool.blocks, bounds, pool.block_size, waiting=waiting)
+
+    # -- figures -----------------------------------------------------------------------------------
+
+    def block_figures(self, now: float) -> dict[str, int]:
+        """Pool, planned and unexplained blocks (empty while no pool is known)."""
+        pool = self.pool()
+        if pool is None:
+            return {}
+        planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool.block_size)
+        return {"pool": pool.blocks, "planned": planned, "unexplained": self.ledger.unexplained}
+
+    def free_blocks(self, now: float) -> int:
+        """Blocks nobody holds or plans for at their peak."""
+        pool = self.pool()
+        return self.ledger.free_blocks(pool, self.steps.bounds(now)) if pool is not None else 0
+
+    def queue_wait(
+        self, ahead: Iterable[tuple[RequestFacts, Hashes]], own: tuple[RequestFacts, Hashes], now: float
+    ) -> float | None:
+        """Seconds until a request behind ``ahead`` could start (blocks, requests released), or ``None``."""
+        waiting = list(ahead)
+        return wait_estimate(
+            sum(self.added_blocks(facts, hashes) for facts, hashes in waiting),
+            len(waiting),
+            self.added_blocks(*own),
+            self.free_blocks(now),
+            self.releases.per_second(now),
+            self.releases.requests_per_second(now),
+        )
+
+    def retry_estimate(self, blocks_ahead: int, own_blocks: int, now: float) -> float | None:
+        """Seconds until ``blocks_ahead`` and ``own_blocks`` are released beyond what is free, or ``None``."""
+        return capacity_wait_estimate(
+            blocks_ahead, own_blocks, self.free_blocks(now), self.releases.per_second(now)
+        )

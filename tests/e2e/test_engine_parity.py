@@ -1,0 +1,100 @@
+"""Refuse exactly what vLLM refuses: every recorded case sent straight and through the sidecar, both live.
+
+What vLLM serves, the sidecar forwards (same status); what vLLM always refuses for length the sidecar
+refuses itself (its own ``X-KV-Sidecar-Reason``, the engine never sees it); everything else vLLM refuses
+(bad values) is left to vLLM, whose own answer comes back. Chat prompts are counted with the model's
+template: the sidecar's count equals vLLM's ``usage.prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.spike import wait_idle
+from bench.vllm_harness import VllmServer
+from sidecar.admission.body import request_facts
+from sidecar.admission.tokens import load_counter
+from tests.e2e.test_real_vllm import start
+
+pytestmark = pytest.mark.e2e
+
+CASES = json.loads((Path(__file__).parents[1] / "data" / "vllm" / "parity-cases-0.32.0.json").read_text())
+
+
+def _body(case: dict[str, Any]) -> dict[str, Any]:
+    body = dict(case["body"])
+    if "prompt_ids" in body:
+        body["prompt"] = [5] * body.pop("prompt_ids")
+    return body
+
+
+def _sidecar_must_refuse(body: dict[str, Any], path: str) -> bool:
+    """The length refusals the sidecar answers itself (exact counts: token ids, or the tiny model's tokenizer)."""
+    if path.endswith("/chat/completions"):
+        bound = body.get("max_completion_tokens", body.get("max_tokens"))
+    else:
+        bound = body.get("max_tokens")
+    return isinstance(bound, int) and not isinstance(bound, bool) and bound > 1024
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str | None, Any]:
+    async with session.post(url, json=body) as response:
+        payload = await response.json(content_type=None)
+        return response.status, response.headers.get("X-KV-Sidecar-Reason"), payload
+
+
+async def test_the_sidecar_refuses_exactly_what_vllm_refuses(vllm_server: VllmServer, tiny_model: Path) -> None:
+    await wait_idle(vllm_server.url)
+    app = await start(vllm_server.url, tiny_model, tokenizer_model=str(tiny_model))
+    proxy = f"http://127.0.0.1:{app.proxy_port}"
+    mismatches, refused_here = [], []
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while app.monitor.request_max_model_len() != 1024:  # read from vLLM's /v1/models
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as session:
+            for case in CASES:
+                body = _body(case)
+                direct, _, _ = await _post(session, vllm_server.url + case["path"], body)
+                through, reason, _ = await _post(session, proxy + case["path"], body)
+                if (direct, through) != (case["expected_status"], case["expected_status"]):
+                    mismatches.append((case["name"], case["expected_status"], direct, through))
+                if reason is not None:
+                    refused_here.append(case["name"])
+                    assert through == 400 and reason == "context-length-exceeded", case["name"]
+                if direct == 200:
+                    assert reason is None, f"{case['name']}: vLLM serves it, the sidecar refused it"
+                if _sidecar_must_refuse(body, case["path"]):
+                    assert reason is not None, f"{case['name']}: vLLM always refuses it; it reached vLLM"
+    finally:
+        await app.drain()
+        await app.stop()
+    assert not mismatches, mismatches
+    assert len(refused_here) >= 10  # every max_tokens > max_model_len and prompt >= max_model_len case
+    print(f"\n{len(CASES)} cases agree; refused by the sidecar itself: {sorted(refused_here)}")
+
+
+async def test_chat_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model: Path) -> None:
+    counter = load_counter(str(tiny_model))
+    assert counter.exact
+    chats = [
+        [{"role": "user", "content": "hi there"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the KV cache grows"}],
+        [{"role": "user", "content": "一张显存足够装下模型权重的显卡"}, {"role": "assistant", "content": "ok"},
+         {"role": "user", "content": [{"type": "text", "text": "def plan(model, gpu): return ledger"}]}],
+    ]  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        for messages in chats:
+            body = {"model": "tiny", "messages": messages, "max_tokens": 1}
+            status, _, payload = await _post(session, vllm_server.url + "/v1/chat/completions", body)
+            assert status == 200
+            facts = request_facts("/v1/chat/completions", body, counter)
+            assert facts.exact
+            assert facts.prompts == (payload["usage"]["prompt_tokens"],)
