@@ -443,7 +443,8 @@ ROWS = [
     ("  every 429/503 had one", "all_refusals_retry_after", "{}"), ("lost", "lost", "{:.0f}"),
     ("vLLM preemptions", "preemptions", "{:.0f}"), ("peak KV usage", "peak_kv_usage", "{:.0%}"),
     ("short p95 (s; all if no short)", "short_p95", "{:.2f}"), ("long/mid p50 (s)", "long_p50", "{:.2f}"),
-    ("makespan (s)", "makespan", "{:.1f}"), ("  with the retries (s)", "makespan_with_retries", "{:.1f}"), ("answer tokens p10,p50,p90", "answer_tokens", "{}"),
+    ("makespan (s)", "makespan", "{:.1f}"), ("  with the retries (s)", "makespan_with_retries", "{:.1f}"),
+    ("answer tokens p10,p50,p90", "answer_tokens", "{}"),
     ("streamed", "streamed", "{:.0f}"), ("max sidecar queue depth", "max_queue_depth", "{:.0f}"),
     ("retried after Retry-After", "retried", "{:.0f}"), ("  share admitted", "retry_admitted_share", "{:.0%}"),
     ("admitted max latency (s)", "admitted_max_latency", "{:.1f}"),
@@ -497,6 +498,8 @@ def main() -> None:
     parser.add_argument("--overload-seconds", type=float, default=60.0)
     parser.add_argument("--engine-url", help="use a running vLLM (started with the harness's settings)")
     parser.add_argument("--sidecar-arg", action="append", default=[], help="extra `kv-sidecar run` argument (repeatable)")
+    parser.add_argument("--max-num-seqs", type=int, default=4,
+                        help="vLLM's --max-num-seqs, told to the sidecar as the Helm chart does (the harness starts 4)")
     parser.add_argument("--quiet", action="store_true")
     # fmt: on
     args = parser.parse_args()
@@ -519,7 +522,8 @@ def main() -> None:
     try:
         result = asyncio.run(
             run_suite(server.url if server else args.engine_url, model, shapes, args.rounds,
-                      args.sidecar_arg, seed=args.seed, progress=not args.quiet, workdir=workdir)
+                      ["--max-num-seqs", str(args.max_num_seqs), *args.sidecar_arg], seed=args.seed,
+                      progress=not args.quiet, workdir=workdir)
         )  # fmt: skip
     finally:
         if server is not None:

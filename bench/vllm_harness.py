@@ -102,6 +102,7 @@ class VllmServer:
             "HF_HUB_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache: benchmark runs start from a cold cache
         }
         self._log_file = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115 - closed by stop()
         self.process = subprocess.Popen(

@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-proxy", action="store_true", help="run the monitor alone, without the admission proxy"
     )
     run.add_argument(
-        "--scrape-interval", type=_scrape_interval, default=0.5, help="default 500ms (minimum 50ms)"
+        "--scrape-interval", type=_scrape_interval, default=0.1, help="default 100ms (minimum 50ms)"
     )
     run.add_argument(
         "--stale-policy", type=_choice("open", "closed"), default="open", help="when metrics are stale"

@@ -225,7 +225,9 @@ class AdmissionController:
             fits=fits,
             inflight=self.total_inflight,
             concurrency_cap=self.concurrency_cap,
-            sequence_room=self.planner.sequence_room(waiter.facts.sequences, waiter.lane),
+            sequence_room=self.planner.sequence_room(
+                waiter.facts.sequences, waiter.lane, shorts_waiting=len(self.queues[Lane.SHORT]) > 0
+            ),
             yield_to_long=(
                 not as_head
                 and waiter.lane is Lane.SHORT
@@ -439,7 +441,7 @@ class AdmissionController:
             if not self._dispatch_lane(Lane.LONG):
                 self._dispatch_lane(Lane.SHORT)
             return
-        for lane in (Lane.SHORT, Lane.LONG):  # short requests first; long ones never take the last slot
+        for lane in (Lane.SHORT, Lane.LONG):  # short requests first
             self._dispatch_lane(lane)
 
     def progress(self, ticket: Ticket, generated: int) -> None:

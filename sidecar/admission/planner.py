@@ -95,12 +95,12 @@ class CapacityPlanner:
             return configured
         return None if self.engine_sequences is None else self.engine_sequences + 1
 
-    def sequence_room(self, sequences: int, lane: Lane) -> bool:
-        """Below the engine's sequence limit; long requests leave the last slot to short ones."""
+    def sequence_room(self, sequences: int, lane: Lane, *, shorts_waiting: bool) -> bool:
+        """Below the engine's sequence limit; while shorts wait, long requests leave them the last slot."""
         limit = self.sequence_limit()
         if limit is None or self.inflight_sequences == 0:
             return True
-        if lane is Lane.LONG and limit > 1:
+        if lane is Lane.LONG and shorts_waiting and limit > 1:
             limit -= 1
         return self.inflight_sequences + sequences <= limit
 

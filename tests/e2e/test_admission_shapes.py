@@ -1,0 +1,84 @@
+"""The default admission on every spike shape of ``bench/admission_suite.py``, against the real vLLM server.
+
+Each shape runs once straight and once through a fresh ``kv-sidecar run`` with no admission flag (told vLLM's
+``--max-num-seqs``, as the chart does), fresh prompts per run and vLLM's prefix cache reset before each. The
+headline of each shape is asserted with margins that hold on a noisy 2-core machine; the README's table holds
+the medians of several rounds (``make bench-admission``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.admission_suite import SHAPES, run_suite
+from bench.vllm_harness import VllmServer
+
+pytestmark = pytest.mark.e2e
+
+NOISE = 1.5  # a single run on two shared cores: timing ratios get this much slack
+
+
+@pytest.fixture(scope="module")
+def suite(vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every shape once (the overload shortened to 20 s), direct and through the sidecar."""
+    import asyncio  # noqa: PLC0415
+
+    shapes = [
+        dataclasses.replace(shape, seconds=20.0) if shape.seconds > 0 else shape for shape in SHAPES.values()
+    ]
+    return asyncio.run(
+        run_suite(
+            vllm_server.url, tiny_model, shapes, rounds=1, sidecar_args=["--max-num-seqs", "4"],
+            progress=False, workdir=tmp_path_factory.mktemp("admission"),
+        )
+    )  # fmt: skip
+
+
+def runs(suite: dict[str, Any], shape: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    entry = suite["shapes"][shape]
+    print(f"\n{shape}: direct {_brief(entry['median']['direct'])}\n{'':>{len(shape)}}  sidecar {_brief(entry['median']['sidecar'])}")
+    return entry["median"]["direct"], entry["median"]["sidecar"]
+
+
+def _brief(run: dict[str, Any]) -> str:
+    keys = ("preemptions", "short_p95", "makespan", "lost", "refused", "max_queue_depth")
+    return ", ".join(f"{k}={run.get(k)}" for k in keys)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_nothing_is_lost_and_vllm_is_not_made_to_preempt(suite: dict[str, Any], shape: str) -> None:
+    direct, sidecar = runs(suite, shape)
+    assert direct["lost"] == sidecar["lost"] == 0
+    assert sidecar["preemptions"] <= direct["preemptions"] // 10  # none where straight preempts fewer than 10
+    assert sidecar["all_refusals_retry_after"] in {True, None}  # every refusal carries Retry-After
+
+
+@pytest.mark.parametrize("shape", ["long-prompt", "mid-size"])
+def test_spikes_that_make_vllm_preempt_keep_short_requests_fast(suite: dict[str, Any], shape: str) -> None:
+    direct, sidecar = runs(suite, shape)
+    assert direct["preemptions"] >= 1, "the straight spike did not preempt: the shape no longer tests anything"
+    assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
+    assert sidecar["makespan"] <= NOISE * direct["makespan"]
+    assert sidecar["refused"] == 0  # a spike is queued, never refused
+
+
+@pytest.mark.parametrize("shape", ["generous-max-tokens", "shared-prefix"])
+def test_spikes_vllm_handles_alone_cost_little(suite: dict[str, Any], shape: str) -> None:
+    direct, sidecar = runs(suite, shape)
+    assert sidecar["makespan"] <= NOISE * direct["makespan"]
+    assert sidecar["short_p95"] <= NOISE * direct["short_p95"]
+    assert sidecar["refused"] == 0
+
+
+def test_sustained_overload_keeps_the_queue_bounded_and_short_requests_flowing(suite: dict[str, Any]) -> None:
+    direct, sidecar = runs(suite, "sustained-overload")
+    assert direct["preemptions"] >= 1
+    assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
+    assert sidecar["max_queue_depth"] < 1024  # never at --queue-max-entries
+    assert sidecar["admitted_max_latency"] <= 30.0 + 15.0  # the queue timeout plus a mid request's service time
+    if sidecar["retried"]:
+        assert sidecar["retry_admitted_share"] >= 0.5  # clients that waited the advised time got in
