@@ -97,6 +97,7 @@ class RequestFacts:
     model: str = ""
     route: str = ""
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known
+    truncate_prompt_tokens: int | None = None  # vLLM truncates the prompt to this many (-1: max_model_len)
 
     @property
     def prompt_tokens(self) -> int:
@@ -260,6 +261,11 @@ def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> Req
             output = COMPLETIONS_DEFAULT_MAX_TOKENS
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
     priority = _optional_int(body, "priority")
+    truncate = _optional_int(body, "truncate_prompt_tokens")
+    if truncate is not None and truncate > 0:
+        counts = [min(count, truncate) for count in counts]
+        if ids is not None:
+            ids = [prompt[-truncate:] for prompt in ids]  # vLLM keeps the end (truncation side "left")
     model = body.get("model")
     return RequestFacts(
         prompts=tuple(counts),
@@ -273,4 +279,5 @@ def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> Req
         model=model if isinstance(model, str) else "",
         route=path,
         prompt_ids=None if ids is None else tuple(ids),
+        truncate_prompt_tokens=truncate,
     )

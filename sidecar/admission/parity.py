@@ -11,6 +11,7 @@ sends every case to both; the README's table lists them):
   input tokens" (``vllm/entrypoints/renderer.py`` / ``serving_engine.py``, ``_validate_input``).
   Refused here only when the count is exact (token ids, or the model's tokenizer and template):
   an estimate never causes a 400. Each prompt of a batch is checked on its own.
+* With ``truncate_prompt_tokens`` vLLM truncates a long prompt instead of refusing it: no refusal here.
 * ``prompt + max_tokens`` above ``max_model_len`` is *served*: vLLM shortens the output to the room
   left (``get_max_tokens`` takes the minimum). The sidecar forwards it, its reservation capped at
   ``max_model_len``.
@@ -33,7 +34,7 @@ def engine_refusal(facts: RequestFacts, max_model_len: int | None) -> RefusedErr
             "request fewer output tokens",
             param="max_tokens",
         )
-    if facts.exact:
+    if facts.exact and facts.truncate_prompt_tokens is None:  # with it, vLLM truncates instead of refusing
         for index, prompt in enumerate(facts.prompts):
             if prompt >= max_model_len:
                 which = f"prompt {index} of the batch" if len(facts.prompts) > 1 else "the prompt"

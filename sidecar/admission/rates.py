@@ -2,10 +2,10 @@
 
 * :class:`StepClock`: vLLM counts its engine steps (``vllm:iteration_tokens_total``, a histogram
   observed once per step; its ``_count``). Each scrape gives the true count. Between scrapes the
-  *upper* bound runs on at the highest step rate seen since the engine started (x 1.25), so it never
+  *upper* bound runs on at the highest step rate seen since the engine started (x 1.1), so it never
   lags what the engine has done (lagging would make in-flight requests look younger, and smaller,
   than they are); the *lower* bound runs on at the slowest rate seen while the engine was busy
-  (x 0.8), and only while it was busy at the last scrape, so a request is never taken to be further
+  (x 0.9), and only while it was busy at the last scrape, so a request is never taken to be further
   along (closer to its end) than it is. A counter that goes down is an engine restart: the clock
   starts over.
 * :class:`ReleaseRate`: blocks given back by finished requests per second over the last
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from sidecar.admission.capacity import Steps
 
-RATE_MARGIN = 1.25
+RATE_MARGIN = 1.1
 """The upper bound runs this much faster than the fastest rate seen (an over-estimate is safe)."""
-SLOW_MARGIN = 0.8
+SLOW_MARGIN = 0.9
 """The lower bound runs this much slower than the slowest busy rate seen."""
 BUSY_RATES_KEPT = 64
 RELEASE_WINDOW_SECONDS = 30.0

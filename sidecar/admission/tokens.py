@@ -17,7 +17,11 @@ only refuses on exact counts (a tokenizer, or prompts given as token ids).
 sandboxed environment transformers' ``apply_chat_template`` sets up (``trim_blocks``,
 ``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``, ``strftime_now``, the special
 tokens as variables), then tokenized without adding special tokens (vLLM's chat default,
-``add_special_tokens=False``). A template that fails to render falls back to the estimate.
+``add_special_tokens=False``). Message content is shaped as vLLM shapes it for the template
+(``vllm/renderers/hf.py``, ``_detect_content_format``): a template that loops over a message's
+``content`` gets a list of ``{"type": "text", "text": ...}`` parts, any other gets the text parts
+joined by newlines (``renderers/chat_utils.py``). A template that fails to render falls back to
+the estimate.
 """
 
 from __future__ import annotations
@@ -118,6 +122,51 @@ def _special_token(value: Any) -> str | None:
     return None
 
 
+def _texts(content: Any) -> list[str]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    texts = []
+    for part in content if isinstance(content, list) else []:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return texts
+
+
+def _shape_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
+    """The message as vLLM hands it to a template of ``content_format`` (text parts only)."""
+    texts = _texts(message.get("content"))
+    if content_format == "openai":
+        content: Any = [{"type": "text", "text": text} for text in texts]
+    else:
+        content = "\n".join(texts)
+    return {**message, "content": content}
+
+
+def _content_format(ast: Any) -> str:
+    """``openai`` when the template loops over a message's ``content`` (or ``content``), else ``string``."""
+    from jinja2 import nodes  # noqa: PLC0415 - optional dependency
+
+    for loop in ast.find_all(nodes.For):
+        target = loop.iter
+        while isinstance(target, nodes.Filter | nodes.Test) and target.node is not None:
+            target = target.node
+        if (
+            isinstance(target, nodes.Getitem)
+            and isinstance(target.arg, nodes.Const)
+            and target.arg.value == "content"
+        ):
+            return "openai"
+        if isinstance(target, nodes.Getattr) and target.attr == "content":
+            return "openai"
+        if isinstance(target, nodes.Name) and target.name == "content":
+            return "openai"
+    return "string"
+
+
 class ChatTemplate:
     """A model's chat template, compiled once, rendered as transformers renders it."""
 
@@ -154,6 +203,7 @@ class ChatTemplate:
         environment.globals["raise_exception"] = raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
         self._template = environment.from_string(source)
+        self.content_format = _content_format(environment.parse(source))
         self._specials = {
             name: token
             for name in self.SPECIAL_TOKENS
@@ -166,8 +216,9 @@ class ChatTemplate:
     ) -> str:  # fmt: skip
         """The prompt text vLLM would tokenize."""
         variables = {**(extra or {}), **self._specials}
+        shaped = [_shape_message(m, self.content_format) for m in messages]
         return self._template.render(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+            messages=shaped, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )
 
     @classmethod

@@ -19,11 +19,13 @@ from bench.vllm_harness import VllmServer
 
 pytestmark = pytest.mark.e2e
 
-NOISE = 1.5  # a single run on two shared cores: timing ratios get this much slack
+NOISE = 2.5  # one run on two shared cores (vLLM busy-polls one of them): timing ratios get this much slack
 
 
 @pytest.fixture(scope="module")
-def suite(vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def suite(
+    vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     """Every shape once (the overload shortened to 20 s), direct and through the sidecar."""
     import asyncio  # noqa: PLC0415
 
@@ -40,7 +42,9 @@ def suite(vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.Te
 
 def runs(suite: dict[str, Any], shape: str) -> tuple[dict[str, Any], dict[str, Any]]:
     entry = suite["shapes"][shape]
-    print(f"\n{shape}: direct {_brief(entry['median']['direct'])}\n{'':>{len(shape)}}  sidecar {_brief(entry['median']['sidecar'])}")
+    print(
+        f"\n{shape}: direct {_brief(entry['median']['direct'])}\n{'':>{len(shape)}}  sidecar {_brief(entry['median']['sidecar'])}"
+    )
     return entry["median"]["direct"], entry["median"]["sidecar"]
 
 
@@ -60,7 +64,9 @@ def test_nothing_is_lost_and_vllm_is_not_made_to_preempt(suite: dict[str, Any], 
 @pytest.mark.parametrize("shape", ["long-prompt", "mid-size"])
 def test_spikes_that_make_vllm_preempt_keep_short_requests_fast(suite: dict[str, Any], shape: str) -> None:
     direct, sidecar = runs(suite, shape)
-    assert direct["preemptions"] >= 1, "the straight spike did not preempt: the shape no longer tests anything"
+    assert direct["preemptions"] >= 1, (
+        "the straight spike did not preempt: the shape no longer tests anything"
+    )
     assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
     assert sidecar["makespan"] <= NOISE * direct["makespan"]
     assert sidecar["refused"] == 0  # a spike is queued, never refused
@@ -79,6 +85,8 @@ def test_sustained_overload_keeps_the_queue_bounded_and_short_requests_flowing(s
     assert direct["preemptions"] >= 1
     assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
     assert sidecar["max_queue_depth"] < 1024  # never at --queue-max-entries
-    assert sidecar["admitted_max_latency"] <= 30.0 + 15.0  # the queue timeout plus a mid request's service time
+    assert (
+        sidecar["admitted_max_latency"] <= 30.0 + 15.0
+    )  # the queue timeout plus a mid request's service time
     if sidecar["retried"]:
         assert sidecar["retry_admitted_share"] >= 0.5  # clients that waited the advised time got in

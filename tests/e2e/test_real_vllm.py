@@ -14,7 +14,7 @@ import pytest
 
 from bench.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
 from bench.vllm_harness import VllmServer
-from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.pressure import PressureSettings
 from sidecar.app import RunOptions, SidecarApp
 from sidecar.budget import load_architecture
@@ -122,7 +122,8 @@ async def test_spike_enters_pressure_queues_long_prompts_and_loses_nothing(
         tiny_model,
         config,
         pressure=PressureSettings(window=0.5),
-        admission=AdmissionConfig(long_lane_concurrency=4),  # let the first wave oversubscribe the pool
+        # the lanes policy (no capacity accounting) lets the first wave oversubscribe the pool
+        admission=AdmissionConfig(mode=AdmissionMode.LANES, long_lane_concurrency=4),
     )
     summary = report.summary()
     assert summary["lost"] == 0
@@ -144,7 +145,7 @@ async def test_reject_mode_refuses_with_retry_after_under_real_pressure(
         tiny_model,
         config,
         pressure=PressureSettings(window=0.3),
-        admission=AdmissionConfig(long_lane_concurrency=4, on_pressure="reject"),
+        admission=AdmissionConfig(mode=AdmissionMode.LANES, long_lane_concurrency=4, on_pressure="reject"),
     )
     refused = [o for o in report.outcomes if o.status == 429]
     assert refused, "no long prompt was refused under pressure"
@@ -190,5 +191,7 @@ async def test_sidecar_prevents_the_preemptions_a_direct_spike_causes(
     proxied, _ = await spike_through_sidecar(vllm_server, tiny_model, config)
     print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
     assert direct.summary()["lost"] == proxied.summary()["lost"] == 0
-    # one long request (8 blocks) + at most 3 short ones (1 block each) never exceed the 16-block pool
-    assert proxied.preemptions == 0
+    assert direct.preemptions >= 1, "the straight spike did not preempt: the test no longer tests anything"
+    assert (
+        proxied.preemptions == 0
+    )  # the default (capacity) policy: what runs always fits the 15 usable blocks

@@ -57,7 +57,9 @@ def test_integers_are_coerced_exactly_as_pydantic_does(value: Any) -> None:
     assert _ours(coerce_int, value) == _pydantic(_Ints, value)
 
 
-@given(JSON_VALUES | st.sampled_from(["yes", "no", "on", "off", "t", "f", "y", "n", "TRUE", " 1 ", 1.0, 0.0, 2]))
+@given(
+    JSON_VALUES | st.sampled_from(["yes", "no", "on", "off", "t", "f", "y", "n", "TRUE", " 1 ", 1.0, 0.0, 2])
+)
 def test_booleans_are_coerced_exactly_as_pydantic_does(value: Any) -> None:
     assert _ours(coerce_bool, value) == _pydantic(_Bools, value)
 
@@ -81,7 +83,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(["the KV cache grows with every token of every sequence"] * 20, trainer=trainer)
+    tokenizer.train_from_iterator(
+        ["the KV cache grows with every token of every sequence"] * 20, trainer=trainer
+    )
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"chat_template": CHATML, "eos_token": "<|endoftext|>", "bos_token": None}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
@@ -96,7 +100,9 @@ def test_chat_prompts_are_counted_by_rendering_the_models_template(model_dir: Pa
     assert isinstance(counter, TokenizerCounter)
     rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in MESSAGES)
     rendered += "<|im_start|>assistant\n"
-    expected = len(Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(rendered, add_special_tokens=False).ids)
+    expected = len(
+        Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(rendered, add_special_tokens=False).ids
+    )
     facts = request_facts("/v1/chat/completions", {"messages": MESSAGES, "model": "m"}, counter)
     assert (facts.prompts, facts.exact) == ((expected,), True)
     assert facts.prompt_ids is not None
@@ -109,16 +115,24 @@ def test_chat_prompts_are_counted_by_rendering_the_models_template(model_dir: Pa
 
 def test_a_template_that_cannot_render_falls_back_to_the_estimate(tmp_path: Path, model_dir: Path) -> None:
     (tmp_path / "tokenizer.json").write_bytes((model_dir / "tokenizer.json").read_bytes())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ raise_exception('no') }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ raise_exception('no') }}"})
+    )
     facts = request_facts("/v1/chat/completions", {"messages": MESSAGES}, load_counter(str(tmp_path)))
     assert not facts.exact  # an estimate: it can never cause a 400
-    custom = request_facts("/v1/chat/completions", {"messages": MESSAGES, "chat_template": "{{ x }}"}, load_counter(str(model_dir)))
+    custom = request_facts(
+        "/v1/chat/completions",
+        {"messages": MESSAGES, "chat_template": "{{ x }}"},
+        load_counter(str(model_dir)),
+    )
     assert not custom.exact  # a request's own template is not rendered here
 
 
 def test_named_templates_and_jinja_files(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})
+        json.dumps(
+            {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}
+        )
     )
     template = ChatTemplate.load(tmp_path)
     assert template is not None
@@ -126,7 +140,10 @@ def test_named_templates_and_jinja_files(tmp_path: Path) -> None:
     (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}")
     file_template = ChatTemplate.load(tmp_path)
     assert file_template is not None
-    assert file_template.render([{"role": "user", "content": "x"}], None, add_generation_prompt=True, extra=None) == "J1"
+    assert (
+        file_template.render([{"role": "user", "content": "x"}], None, add_generation_prompt=True, extra=None)
+        == "J1"
+    )
 
 
 def test_the_estimate_never_renders() -> None:
