@@ -11,10 +11,12 @@ full serialises chat traffic that never comes near it. So the sidecar learns:
   chunks counted) is one sample for its key, the route and model it was asked of;
 * the key's *bound* is a high quantile (``--output-quantile``, default 0.95) of the last
   ``window`` samples once there are ``trusted_samples`` of them (20: enough for a nearest-rank p95
-  to stop being the maximum); from ``min_samples`` (3) to then it is the largest answer seen plus a
-  quarter (with ``n`` answers, the next one exceeds all of them with probability ``1 / (n + 1)``;
-  the margin and the ledger's growth tracking cover that); before ``min_samples`` there is no bound
-  and the prior holds: the client's own ``max_tokens`` or, without one, the room left in the context;
+  to stop being the maximum); before that, from the first answer on, it is the largest answer seen
+  times ``1.25 + 1.25 / n`` for ``n`` answers (2.5x after one, 1.56x after four, 1.31x after
+  nineteen): with ``n`` answers the next one exceeds all of them with probability ``1 / (n + 1)``,
+  so the margin shrinks as the evidence grows, and the ledger's growth tracking and the live gauge
+  cover the rest; before any answer there is no bound and the prior holds: the client's own
+  ``max_tokens`` or, without one, the room left in the context;
 * a request's expected output is its client bound when that is below the learned bound, else the
   learned bound; never below ``min_tokens``; with ``ignore_eos`` (vLLM generates exactly
   ``max_tokens``) always the client bound. The ledger lets a request that runs past its
@@ -35,7 +37,7 @@ class OutputSettings:
     """How the learned bound is formed."""
 
     quantile: float = 0.95
-    min_samples: int = 3
+    min_samples: int = 1
     trusted_samples: int = 20
     window: int = 256
     small_sample_margin: float = 1.25
@@ -69,7 +71,8 @@ class OutputLengths:
         if window is None or len(window) < self.settings.min_samples:
             return None
         if len(window) < self.settings.trusted_samples:
-            return math.ceil(max(window) * self.settings.small_sample_margin)
+            margin = self.settings.small_sample_margin
+            return math.ceil(max(window) * (margin + margin / len(window)))
         ordered = sorted(window)
         rank = max(1, math.ceil(self.settings.quantile * len(ordered)))
         return ordered[rank - 1]

@@ -28,15 +28,16 @@ def test_the_prior_is_the_clients_bound_or_the_room_left() -> None:
 
 
 def test_the_learned_bound_small_samples_then_a_nearest_rank_quantile() -> None:
-    outputs = OutputLengths(OutputSettings(quantile=0.95, min_samples=4, trusted_samples=20))
+    outputs = OutputLengths(OutputSettings(quantile=0.95, trusted_samples=20))
+    assert outputs.bound(ROUTE, "m") is None  # no answer yet: the prior holds
+    outputs.record(ROUTE, "m", 40)
+    assert outputs.bound(ROUTE, "m") == 100  # one answer: 2.5 x the largest
     for length in (10, 20, 30):
         outputs.record(ROUTE, "m", length)
-    assert outputs.bound(ROUTE, "m") is None  # 3 answers: the prior still holds
-    outputs.record(ROUTE, "m", 40)
-    assert outputs.bound(ROUTE, "m") == 50  # 4 answers: the largest plus a quarter
+    assert outputs.bound(ROUTE, "m") == 63  # four: 40 x (1.25 + 1.25 / 4) = 62.5, rounded up
     for length in range(41, 57):
         outputs.record(ROUTE, "m", length)
-    assert outputs.bound(ROUTE, "m") == 55  # 20 answers (10..40, 41..56): the 19th, ceil(0.95 x 20)
+    assert outputs.bound(ROUTE, "m") == 55  # 20 answers (40, 10..30, 41..56): the 19th, ceil(0.95 x 20)
     assert outputs.bound("/v1/completions", "m") is None  # per route
     assert outputs.bound(ROUTE, "other") is None  # and per model
 
@@ -58,7 +59,7 @@ def test_the_window_forgets_old_answers() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"quantile": 0.4}, {"quantile": 1.1}, {"min_samples": 0}, {"window": 2}, {"trusted_samples": 2}]
+    "bad", [{"quantile": 0.4}, {"quantile": 1.1}, {"min_samples": 0}, {"window": 2}, {"trusted_samples": 300}]
 )
 def test_output_settings_are_validated(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="output"):
