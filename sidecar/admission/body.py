@@ -22,11 +22,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.admission.outcomes import Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter
+
+T = TypeVar("T")
 
 CHAT_MESSAGE_OVERHEAD = 8
 """Estimated template tokens per chat message when the template cannot be rendered (ChatML uses 5)."""
@@ -198,24 +201,22 @@ def _chat_prompt(
     return total, None, False
 
 
-def _optional_int(body: dict[str, Any], key: str) -> int | None:
+def _optional(body: dict[str, Any], key: str, coerce: Callable[[Any], T], kind: str) -> T | None:
     value = body.get(key)
     if value is None:
         return None
     try:
-        return coerce_int(value)
+        return coerce(value)
     except _NotCoercibleError:
-        raise _invalid(f"'{key}' must be an integer", key) from None
+        raise _invalid(f"'{key}' must be {kind}", key) from None
+
+
+def _optional_int(body: dict[str, Any], key: str) -> int | None:
+    return _optional(body, key, coerce_int, "an integer")
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key)
-    if value is None:
-        return False
-    try:
-        return coerce_bool(value)
-    except _NotCoercibleError:
-        raise _invalid(f"'{key}' must be a boolean", key) from None
+    return _optional(body, key, coerce_bool, "a boolean") or False
 
 
 def decode_json_body(raw: bytes) -> dict[str, Any]:

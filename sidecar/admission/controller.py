@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import PoolView, blocks_for
@@ -62,58 +61,9 @@ from sidecar.admission.retry import (
     queue_wait_estimate,
     usage_fall_rate,
 )
+from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, token_reservation
 
 __all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """Limits of each lane's queue."""
-
-    max_entries: int = 1024
-    max_tokens: int = 4_000_000
-    timeout: float = 30.0
-
-
-@dataclass(slots=True)
-class Ticket:
-    """An admitted request's hold on its lane and, under ``capacity``, on KV blocks."""
-
-    lane: Lane
-    reserved_tokens: int
-    admitted_at: float
-    waited: float = 0.0
-    queued: bool = False
-    released: bool = False
-    holding: int | None = None  # the ledger's id
-    sequences: int = 1
-    prompts: tuple[int, ...] = ()
-    route: str = ""
-    model: str = ""
-    stream: bool = False
-    completion_tokens: int | None = None  # the answer's length, when the proxy could read it
-
-
-@dataclass(slots=True)
-class _Waiter:
-    facts: RequestFacts
-    request: AdmissionRequest
-    lane: Lane
-    enqueued_at: float
-    hashes: tuple[tuple[int, ...], ...]
-    future: asyncio.Future[Ticket] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-def _token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
-    """token-budget: each prompt once, each of its choices up to its bound (or the context length)."""
-    total = 0
-    for prompt in facts.prompts:
-        room = (max_model_len or prompt) - prompt
-        output = room if facts.max_output_tokens is None else facts.max_output_tokens
-        if max_model_len is not None:
-            output = min(output, max(0, room))
-        total += prompt + max(0, output) * facts.choices
-    return total
 
 
 class AdmissionController:
@@ -150,7 +100,7 @@ class AdmissionController:
         self.planner = CapacityPlanner(
             pool=pool, max_model_len=max_model_len, outputs=outputs, max_num_seqs=max_num_seqs
         )
-        self.queues: dict[Lane, FairQueue[_Waiter]] = {
+        self.queues: dict[Lane, FairQueue[Waiter]] = {
             lane: FairQueue(queue_settings.max_entries, queue_settings.max_tokens) for lane in Lane
         }
         self.inflight: dict[Lane, int] = dict.fromkeys(Lane, 0)
@@ -206,7 +156,7 @@ class AdmissionController:
 
     # -- planning ----------------------------------------------------------------------------------
 
-    def _view(self, waiter: _Waiter, *, as_head: bool = False) -> AdmissionView:
+    def _view(self, waiter: Waiter, *, as_head: bool = False) -> AdmissionView:
         now = self._clock()
         queue = self.queues[waiter.lane]
         policy = self.policy()
@@ -269,7 +219,7 @@ class AdmissionController:
             queue_wait_estimate(ahead, concurrency, self.stats[lane], 2 * settings.window)
         )
 
-    def _retry_for(self, reason: Reason, waiter: _Waiter, position: int | None = None) -> int | None:
+    def _retry_for(self, reason: Reason, waiter: Waiter, position: int | None = None) -> int | None:
         if reason in {Reason.KV_PRESSURE, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT}:
             own = self.planner.added_blocks(waiter.facts, waiter.hashes)
             return self.retry_after(reason, waiter.lane, position, own)
@@ -279,7 +229,7 @@ class AdmissionController:
 
     # -- admission ---------------------------------------------------------------------------------
 
-    def _grant(self, waiter: _Waiter, waited: float, *, queued: bool = False) -> Ticket:
+    def _grant(self, waiter: Waiter, waited: float, *, queued: bool = False) -> Ticket:
         now = self._clock()
         in_ledger = self.policy() is AdmissionMode.CAPACITY
         holding = self.planner.hold(waiter.facts, waiter.hashes, now, in_ledger=in_ledger)
@@ -314,10 +264,10 @@ class AdmissionController:
         refusal = engine_refusal(facts, max_model_len)
         request = AdmissionRequest(
             prompt_tokens=facts.prompt_tokens,
-            reserved_tokens=_token_reservation(facts, max_model_len),
+            reserved_tokens=token_reservation(facts, max_model_len),
             refusal=refusal.reason if refusal else None,
         )
-        waiter = _Waiter(facts, request, self.lane_of(facts), self._clock(), self.planner.hashes(facts))
+        waiter = Waiter(facts, request, self.lane_of(facts), self._clock(), self.planner.hashes(facts))
         decision = decide(request, self._view(waiter), self.config)
         if decision.action is Action.ADMIT:
             return self._grant(waiter, 0.0)
@@ -335,7 +285,7 @@ class AdmissionController:
             raise shed
         return await self._wait(waiter, tenant, priority, wait_limit)
 
-    async def _wait(self, waiter: _Waiter, tenant: str, priority: int, wait_limit: float) -> Ticket:
+    async def _wait(self, waiter: Waiter, tenant: str, priority: int, wait_limit: float) -> Ticket:
         entry = QueueEntry(
             priority=priority, tenant=tenant, tokens=waiter.request.reserved_tokens, payload=waiter
         )
@@ -365,7 +315,7 @@ class AdmissionController:
                 self.release(waiter.future.result(), completed=False)  # granted, but the client is gone
             raise
 
-    def _left_queue(self, waiter: _Waiter, outcome: Outcome, reason: Reason) -> None:
+    def _left_queue(self, waiter: Waiter, outcome: Outcome, reason: Reason) -> None:
         self.metrics.queue_wait.labels(lane=waiter.lane.value).observe(self._clock() - waiter.enqueued_at)
         self.count(outcome, reason, waiter.lane)
 
@@ -373,7 +323,7 @@ class AdmissionController:
         head = self.queues[Lane.LONG].peek()
         return head is not None and now - head.payload.enqueued_at >= self.config.long_wait_priority
 
-    def _next_entry(self, queue: FairQueue[_Waiter], now: float) -> QueueEntry[_Waiter] | None:
+    def _next_entry(self, queue: FairQueue[Waiter], now: float) -> QueueEntry[Waiter] | None:
         """The entry to try next: the head, or under ``capacity`` the most urgent of the next few."""
         if self.policy() is not AdmissionMode.CAPACITY:
             return queue.peek()
@@ -383,10 +333,10 @@ class AdmissionController:
         heads = [q.peek() for q in self.queues.values()]
         return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
 
-    def _urgency(self, waiter: _Waiter, now: float) -> float:
+    def _urgency(self, waiter: Waiter, now: float) -> float:
         return urgency(self.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
 
-    def _shed(self, waiter: _Waiter, wait_limit: float) -> RefusedError | None:
+    def _shed(self, waiter: Waiter, wait_limit: float) -> RefusedError | None:
         """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``.
 
         Only while the queue is not draining: its oldest request has waited half its limit already.

@@ -1,0 +1,62 @@
+"""The controller's records: queue limits, the ticket an admitted request holds, a waiting request."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from sidecar.admission.body import RequestFacts
+from sidecar.admission.decide import AdmissionRequest
+from sidecar.admission.outcomes import Lane
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Limits of each lane's queue."""
+
+    max_entries: int = 1024
+    max_tokens: int = 4_000_000
+    timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """An admitted request's hold on its lane and, under ``capacity``, on KV blocks."""
+
+    lane: Lane
+    reserved_tokens: int
+    admitted_at: float
+    waited: float = 0.0
+    queued: bool = False
+    released: bool = False
+    holding: int | None = None  # the ledger's id
+    sequences: int = 1
+    prompts: tuple[int, ...] = ()
+    route: str = ""
+    model: str = ""
+    stream: bool = False
+    completion_tokens: int | None = None  # the answer's length, when the proxy could read it
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A request waiting for admission: its facts, its decision inputs, its lane and its future."""
+
+    facts: RequestFacts
+    request: AdmissionRequest
+    lane: Lane
+    enqueued_at: float
+    hashes: tuple[tuple[int, ...], ...]
+    future: asyncio.Future[Ticket] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
+    """token-budget: each prompt once, each of its choices up to its bound (or the context length)."""
+    total = 0
+    for prompt in facts.prompts:
+        room = (max_model_len or prompt) - prompt
+        output = room if facts.max_output_tokens is None else facts.max_output_tokens
+        if max_model_len is not None:
+            output = min(output, max(0, room))
+        total += prompt + max(0, output) * facts.choices
+    return total
