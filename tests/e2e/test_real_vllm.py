@@ -139,7 +139,8 @@ async def test_spike_enters_pressure_queues_long_prompts_and_loses_nothing(
 async def test_reject_mode_refuses_with_retry_after_under_real_pressure(
     vllm_server: VllmServer, tiny_model: Path
 ) -> None:
-    config = SpikeConfig(seed=5, long_requests=16, short_requests=10, spread_seconds=2.0)
+    # spread over 5 s: the later long prompts arrive once pressure has been entered (the first wave queues)
+    config = SpikeConfig(seed=5, long_requests=16, short_requests=10, spread_seconds=5.0)
     report, _ = await spike_through_sidecar(
         vllm_server,
         tiny_model,
@@ -186,7 +187,9 @@ async def test_sidecar_prevents_the_preemptions_a_direct_spike_causes(
     vllm_server: VllmServer, tiny_model: Path
 ) -> None:
     await wait_idle(vllm_server.url)
-    config = SpikeConfig(seed=7, long_requests=8, short_requests=24)
+    config = SpikeConfig(
+        seed=7, long_requests=10, short_requests=24
+    )  # 10 long ones: straight always preempts
     direct = await run_spike(vllm_server.url, vllm_server.url, config, "direct")
     proxied, _ = await spike_through_sidecar(vllm_server, tiny_model, config)
     print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
