@@ -56,7 +56,7 @@ def _brief(run: dict[str, Any]) -> str:
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_nothing_is_lost_and_vllm_is_not_made_to_preempt(suite: dict[str, Any], shape: str) -> None:
     direct, sidecar = runs(suite, shape)
-    assert direct["lost"] == sidecar["lost"] == 0
+    assert sidecar["lost"] == 0, sidecar["errors"]  # (straight, vLLM itself may drop some under overload)
     assert sidecar["preemptions"] <= direct["preemptions"] // 10  # none where straight preempts fewer than 10
     assert sidecar["all_refusals_retry_after"] in {True, None}  # every refusal carries Retry-After
 
