@@ -21,7 +21,7 @@ def test_short_soak_with_pressure_cycles(tmp_path: Path) -> None:
             "-m",
             "bench.soak",
             "--seconds",
-            "20",
+            "30",  # the first quarter is warm-up: 7.5 s lets the allocator settle before the baseline
             "--cycle",
             "4",
             "--workers",
