@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sidecar.admission.outcomes import Reason, RefusedError
-from sidecar.admission.tokens import TokenCounter
+from sidecar.admission.tokens import TokenCounter, content_texts
 
 T = TypeVar("T")
 
@@ -157,13 +157,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
+        return "\n".join(content_texts(content))
     raise _invalid("a message's 'content' must be a string or a list of parts", "messages")
 
 

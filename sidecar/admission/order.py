@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from sidecar.admission.retry import capacity_wait_estimate
+
 T = TypeVar("T")
 
 AGEING_SECONDS = 2.0
@@ -50,7 +52,7 @@ def wait_estimate(  # noqa: PLR0917 - two queues and two rates, each named
     request_rate: float | None,
 ) -> float | None:
     """Seconds until a request with this much ahead of it can start; ``None`` before any rate is known."""
-    if not block_rate or not request_rate:
+    blocks_wait = capacity_wait_estimate(blocks_ahead, own_blocks, free_blocks, block_rate)
+    if blocks_wait is None or not request_rate:
         return None
-    missing_blocks = max(0, blocks_ahead + own_blocks - max(0, free_blocks))
-    return max(missing_blocks / block_rate, requests_ahead / request_rate)
+    return max(blocks_wait, requests_ahead / request_rate)

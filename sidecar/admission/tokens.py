@@ -122,7 +122,8 @@ def _special_token(value: Any) -> str | None:
     return None
 
 
-def _texts(content: Any) -> list[str]:
+def content_texts(content: Any) -> list[str]:
+    """The text parts of a chat message's content (a string, or a list of strings and text parts)."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -138,7 +139,7 @@ def _texts(content: Any) -> list[str]:
 
 def _shape_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
     """The message as vLLM hands it to a template of ``content_format`` (text parts only)."""
-    texts = _texts(message.get("content"))
+    texts = content_texts(message.get("content"))
     if content_format == "openai":
         content: Any = [{"type": "text", "text": text} for text in texts]
     else:
