@@ -23,6 +23,16 @@ from sidecar.admission.retry import capacity_wait_estimate
 
 Hashes = tuple[tuple[int, ...], ...]
 
+STAGED_SEQUENCES = 1
+"""Sequences forwarded beyond the engine's limit, to wait in vLLM's own queue.
+
+Without one, a slot that frees stays empty for the time it takes the answer's end to reach the
+sidecar and the next request to reach the engine's scheduler (an HTTP hop and tokenising: tens of
+milliseconds on a busy host); vLLM's scheduler instead refills it at the next step. One staged
+request keeps that refill inside the engine; it is planned in the ledger like the running ones, so
+it cannot cause a preemption, and the sidecar still chooses everything behind it.
+"""
+
 
 class CapacityPlanner:
     """The ledger, the learned output lengths, the step clock, the release rate, the sequence limit."""
@@ -96,13 +106,13 @@ class CapacityPlanner:
         return None if self.engine_sequences is None else self.engine_sequences + 1
 
     def sequence_room(self, sequences: int, lane: Lane, *, shorts_waiting: bool) -> bool:
-        """Below the engine's sequence limit; while shorts wait, long requests leave them the last slot."""
+        """Below the engine's limit plus :data:`STAGED_SEQUENCES`; long ones leave waiting shorts a slot."""
         limit = self.sequence_limit()
         if limit is None or self.inflight_sequences == 0:
             return True
         if lane is Lane.LONG and shorts_waiting and limit > 1:
             limit -= 1
-        return self.inflight_sequences + sequences <= limit
+        return self.inflight_sequences + sequences <= limit + STAGED_SEQUENCES
 
     # -- holdings ----------------------------------------------------------------------------------
 

@@ -189,3 +189,21 @@ async def test_staleness_is_judged_by_the_clock_at_decision_time() -> None:
         clock.now += 3.5  # no scrape has ended since (a hung scrape): the metrics are now 3.5 s old
         assert controller.is_stale(clock.now)
         assert controller.pressure_state(clock.now) is expected
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 4])
+async def test_the_engine_sequence_limit_plus_one_staged_request_is_forwarded(max_num_seqs: int) -> None:
+    """vLLM runs ``max_num_seqs``; one more waits in its queue, so a freed slot refills at the next step."""
+    clock = Clock()
+    controller = make(clock)
+    controller.planner._max_num_seqs = lambda: max_num_seqs  # noqa: SLF001 - the flag's value
+    tickets = [await asyncio.wait_for(admit(controller, SHORT), 1) for _ in range(max_num_seqs + 1)]
+    held_back = asyncio.create_task(admit(controller, SHORT))  # it fits, but vLLM would only queue it
+    await asyncio.sleep(0)
+    assert not held_back.done()
+    assert len(controller.queues[Lane.SHORT]) == 1
+    controller.release(tickets.pop())
+    tickets.append(await asyncio.wait_for(held_back, 1))
+    for ticket in tickets:
+        controller.release(ticket)
+    assert controller.total_inflight == 0
