@@ -38,10 +38,12 @@ from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, Staleness
 from sidecar.admission.retry import clamp_retry_after
 from sidecar.admission.tokens import TokenCounter, load_counter
+from sidecar.budget.catalog import ResolvedModel
+from sidecar.errors import KvSidecarError
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
-from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
 from sidecar.server.metrics import register_monitor_metrics
@@ -82,6 +84,7 @@ class RunOptions:
     tokenizer_model: str | None = None
     admin_token: str | None = None
     upstream_timeout: float = 900.0
+    model_retry: float = MODEL_RETRY_SECONDS
 
 
 def _bound_port(site: web.TCPSite, requested: int) -> int:
@@ -104,6 +107,8 @@ class SidecarApp:
         clock: Callable[[], float] = time.monotonic,
         nvml_module: Any | None = None,
         counter: TokenCounter | None = None,
+        resolve_model: Callable[[], ResolvedModel] | None = None,
+        model_error: str | None = None,
     ) -> None:
         self.options = options
         self.log = log
@@ -111,6 +116,9 @@ class SidecarApp:
         self.registry = CollectorRegistry(auto_describe=True)
         self.monitor = Monitor(inputs, settings, log)
         self.monitor.gpu.enabled = options.nvml
+        self.monitor.model_error = model_error
+        self._resolve_model = resolve_model if model_error is not None else None
+        self._model_task: asyncio.Task[None] | None = None
         self.lifecycle = Lifecycle(staleness=options.staleness)
         register_monitor_metrics(self.registry, self.monitor, clock)
         self.scrape_metrics = ScrapeMetrics(self.registry)
@@ -259,12 +267,34 @@ class SidecarApp:
                 self.proxy.app(), self.options.listen, cancel_on_disconnect=True
             )
         self._scrape_task = asyncio.create_task(self._scraper.supervise(self.log), name="kv-sidecar-scraper")
+        if self._resolve_model is not None:
+            model, reason = self.monitor.inputs.model, self.monitor.model_error
+            self.log.warning("model_unresolved", model=model, reason=reason)
+            self._model_task = asyncio.create_task(self._retry_model(self._resolve_model), name="kv-model")
         self.log.info(
             "started",
             upstream=self.options.upstream,
             admin=f"{self.options.admin_listen[0]}:{self.admin_port}",
             proxy=f"{self.options.listen[0]}:{self.proxy_port}" if self.proxy else None,
         )
+
+    async def _retry_model(self, resolve: Callable[[], ResolvedModel]) -> None:
+        """Try ``--model`` again every ``model_retry`` seconds (in a thread: it reads files, may download)."""
+        while True:
+            await asyncio.sleep(self.options.model_retry)
+            try:
+                resolved = await asyncio.to_thread(resolve)
+            except KvSidecarError as exc:
+                if str(exc) != self.monitor.model_error:
+                    self.log.warning("model_unresolved", model=self.monitor.inputs.model, reason=str(exc))
+                self.monitor.model_error = str(exc)
+                continue
+            self.monitor.set_architecture(resolved.architecture, resolved.source)
+            if self.proxy is not None and resolved.directory is not None:
+                self.proxy.counter = await asyncio.to_thread(load_counter, str(resolved.directory))
+            self.log.info("model_resolved", model=self.monitor.inputs.model, source=resolved.source)
+            self.monitor.refresh(self.clock())
+            return
 
     async def drain(self) -> bool:
         """Stop taking work and wait for in-flight responses; ``True`` when all ended in time."""
@@ -282,10 +312,11 @@ class SidecarApp:
 
     async def stop(self) -> None:
         """Stop scraping and close every socket."""
-        if self._scrape_task is not None:
-            self._scrape_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._scrape_task
+        for task in (self._scrape_task, self._model_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()

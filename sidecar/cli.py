@@ -25,10 +25,11 @@ from sidecar.budget import (
     resolve_gpu,
     resolve_model,
 )
+from sidecar.budget.catalog import ResolvedModel, resolve_model_source
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_BYTES
-from sidecar.errors import KvSidecarError, UsageError
+from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.monitor.diagnose import MonitorSettings
-from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.units import parse_duration, parse_listen, parse_positive_int, parse_ratio, parse_size
 
 EXIT_USAGE = 2
@@ -79,7 +80,12 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
 
     group = parser.add_argument_group("model and vLLM settings")
     add = group.add_argument
-    add("--model", help="catalog id (qwen2.5-7b), Hugging Face id, model directory or config.json")
+    add(
+        "--model",
+        help="Hugging Face id (read from the HF cache, else downloaded), model directory, config.json "
+        "or catalog id (qwen2.5-7b)",
+    )
+    add("--revision", help="the model's Hub revision, as vLLM's --revision: branch, tag or commit")
     add(
         "--gpu",
         help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
@@ -207,6 +213,12 @@ def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
         help="longest silence from vLLM (504 after)",
     )
     add(
+        "--model-retry",
+        type=_positive_duration,
+        default=MODEL_RETRY_SECONDS,
+        help="how often to try again a --model that did not resolve (default %(default)ss)",
+    )
+    add(
         "--admin-token",
         help="bearer token for the admin endpoints but the probes (prefer KV_SIDECAR_ADMIN_TOKEN)",
     )
@@ -293,7 +305,7 @@ def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
     if gpu_memory is None:
         raise UsageError("give --gpu (e.g. rtx4090) or --gpu-memory (e.g. 24GiB)")
     return PlanRequest(
-        architecture=resolve_model(args.model),
+        architecture=resolve_model(args.model, args.revision),
         gpu_memory_bytes=gpu_memory,
         model=args.model,
         gpu=gpu_name,
@@ -301,11 +313,23 @@ def plan_request_from_args(args: argparse.Namespace) -> PlanRequest:
     )
 
 
-def plan_inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+def resolve_run_model(args: argparse.Namespace) -> tuple[ResolvedModel | None, str | None]:
+    """``--model`` for ``run``: what it resolved to, or why not (``run`` goes on without a prediction)."""
+    if not args.model:
+        return None, None
+    try:
+        return resolve_model_source(args.model, args.revision), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def plan_inputs_from_args(args: argparse.Namespace, resolved: ResolvedModel | None = None) -> PlanInputs:
     """Turn parsed ``run``/``check`` flags into :class:`PlanInputs` (``None`` where not given)."""
     gpu_name, gpu_memory = _gpu_from_args(args)
+    if resolved is None and args.model and args.command != "run":
+        resolved = resolve_model_source(args.model, args.revision)
     inputs = PlanInputs(
-        architecture=resolve_model(args.model) if args.model else None,
+        architecture=resolved.architecture if resolved else None,
         model=args.model or "model",
         gpu=gpu_name,
         gpu_memory_bytes=gpu_memory,
@@ -356,7 +380,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--release-threshold must not exceed --pressure-threshold")
     if args.listen == args.admin_listen and not args.no_proxy:
         raise UsageError("--listen and --admin-listen must differ: admin endpoints have their own port")
-    inputs = plan_inputs_from_args(args)
+    resolved, model_error = resolve_run_model(args)
+    inputs = plan_inputs_from_args(args, resolved)
     options = RunOptions(
         upstream=args.upstream,
         admin_listen=args.admin_listen,
@@ -384,12 +409,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         tenant_header=args.tenant_header,
-        tokenizer_model=args.model,
+        tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
         admin_token=args.admin_token or None,
         upstream_timeout=args.upstream_timeout,
+        model_retry=args.model_retry,
     )
     app = SidecarApp(
-        options, inputs, monitor_settings_from_args(args, inputs), make_logger(level=args.log_level)
+        options,
+        inputs,
+        monitor_settings_from_args(args, inputs),
+        make_logger(level=args.log_level),
+        resolve_model=lambda: resolve_model_source(args.model, args.revision),
+        model_error=model_error,
     )
     try:
         asyncio.run(app.serve())

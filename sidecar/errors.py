@@ -24,5 +24,9 @@ class UnknownModelError(ConfigError):
     """A ``--model`` value is neither a catalog id, a Hugging Face id we know, nor a path."""
 
 
+class ModelUnavailableError(UnknownModelError):
+    """A Hugging Face id whose files are neither in the local HF cache nor downloadable now."""
+
+
 class UnknownGpuError(UsageError):
     """A ``--gpu`` value is not in the GPU catalog."""

@@ -3,8 +3,9 @@
 Model ids are the lower-case model name without organisation and without an ``-Instruct``
 suffix (``qwen2.5-7b``); the full Hugging Face id (``Qwen/Qwen2.5-7B-Instruct``) resolves too.
 Each model's ``config.json`` is stored under ``models/`` exactly as published (Gemma 3's
-text defaults written out). :func:`resolve_model` also accepts a model directory or a
-``config.json`` path, which is how users plan models the catalog does not know.
+text defaults written out). :func:`resolve_model_source` also accepts a model directory, a
+``config.json`` path, or any Hugging Face id (read from the local HF cache, else downloaded:
+:mod:`sidecar.budget.hub`).
 
 GPU sizes are the totals the driver reports (``nvidia-smi``'s "MiB" total, the figure vLLM
 sees as total memory), which are a little below the marketing capacity on some cards.
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Final
 
 from sidecar.budget.architecture import Architecture, architecture_from_config, load_architecture
-from sidecar.errors import ConfigError, UnknownGpuError, UnknownModelError
+from sidecar.budget.hub import HubSnapshot, hub_snapshot, looks_like_hub_id
+from sidecar.errors import ConfigError, ModelUnavailableError, UnknownGpuError, UnknownModelError
 from sidecar.units import MIB
 
 
@@ -114,23 +116,63 @@ def find_catalog_model(text: str) -> CatalogModel | None:
     return None
 
 
-def resolve_model(text: str) -> Architecture:
-    """The architecture ``--model`` names: a catalog id, a Hugging Face id, a directory or a config.json."""
-    path = Path(text).expanduser()
-    if path.exists():
-        return load_architecture(path)
-    model = find_catalog_model(text)
-    if model is None:
-        if "/" in text and not text.startswith(("/", ".")) and text.count("/") == 1:
-            hint = "download its config.json and pass that path"
-        else:
-            hint = "no such file or directory either"
-        known = ", ".join(m.id for m in MODELS)
-        raise UnknownModelError(f"unknown model {text!r} ({hint}); catalog ids: {known}")
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """What ``--model`` resolved to: the architecture, the folder of its files (if any), and from where."""
+
+    architecture: Architecture
+    directory: Path | None  # the model directory or HF snapshot (tokenizer and chat template live there)
+    source: str  # "path", "hf-cache", "hub" or "catalog"
+
+
+def _from_catalog(model: CatalogModel) -> ResolvedModel:
     try:
-        return architecture_from_config(_catalog_config(model.id))
+        return ResolvedModel(architecture_from_config(_catalog_config(model.id)), None, "catalog")
     except (OSError, ValueError) as exc:  # pragma: no cover - the package is broken
         raise ConfigError(f"catalog entry {model.id} is unreadable: {exc}") from None
+
+
+def _from_snapshot(snapshot: HubSnapshot) -> ResolvedModel:
+    architecture = load_architecture(snapshot.directory)
+    if architecture.parameter_source.startswith("computed") and snapshot.hub_parameter_count:
+        architecture = architecture.with_parameter_count(
+            snapshot.hub_parameter_count, "the Hub's safetensors metadata"
+        )
+    return ResolvedModel(architecture, snapshot.directory, snapshot.source)
+
+
+def resolve_model_source(
+    text: str, revision: str | None = None, *, cache_dir: Path | None = None, offline: bool | None = None
+) -> ResolvedModel:
+    """Resolve ``--model``: a path; else a Hub id from the local HF cache; else the catalog; else the Hub.
+
+    The HF cache goes before the catalog because it holds the exact revision vLLM serves (and,
+    once vLLM has downloaded them, the weights whose headers give the exact parameter count); the
+    catalog goes before a download so that a catalog model never needs the network.
+    """
+    path = Path(text).expanduser()
+    if path.exists():
+        return ResolvedModel(load_architecture(path), path if path.is_dir() else path.parent, "path")
+    model = find_catalog_model(text)
+    if looks_like_hub_id(text):
+        try:
+            return _from_snapshot(hub_snapshot(text.strip(), revision, cache_dir=cache_dir, offline=True))
+        except ModelUnavailableError:
+            if model is not None:
+                return _from_catalog(model)
+        return _from_snapshot(hub_snapshot(text.strip(), revision, cache_dir=cache_dir, offline=offline))
+    if model is None:
+        known = ", ".join(m.id for m in MODELS)
+        raise UnknownModelError(
+            f"unknown model {text!r}: not a file or directory, not a Hugging Face id (org/name), "
+            f"not a catalog id ({known})"
+        )
+    return _from_catalog(model)
+
+
+def resolve_model(text: str, revision: str | None = None) -> Architecture:
+    """The architecture ``--model`` names (see :func:`resolve_model_source`)."""
+    return resolve_model_source(text, revision).architecture
 
 
 def resolve_gpu(text: str) -> Gpu:

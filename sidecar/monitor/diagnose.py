@@ -14,6 +14,7 @@ and the seeds' advice. Both functions are pure: time comes in as ``now``.
 | ``engine-down`` | critical | the last scrape failed |
 | ``engine-metrics-missing`` | warning | the page has neither KV-usage metric (renamed or not vLLM) |
 | ``no-prediction`` | info | no ``--model`` given, so nothing to compare |
+| ``model-unresolved`` | warning | ``--model`` could not be resolved (yet): no prediction; retried |
 | ``kv-pool-drift`` | warning | engine pool differs from the prediction by more than 20% (info above 5%) |
 | ``max-concurrency-below-one`` | critical | one full-length request does not fit the pool |
 | ``max-concurrency-below-target`` | warning | fewer full-length requests fit than ``--concurrency`` |
@@ -59,11 +60,29 @@ class Severity(StrEnum):
         return {"info": 0, "warning": 1, "critical": 2}[self.value]
 
 
+class DiagnosisId(StrEnum):
+    """Every diagnosis id, written once: metric label, log field, alert rule and README row derive from it."""
+
+    ENGINE_DOWN = "engine-down"
+    ENGINE_METRICS_MISSING = "engine-metrics-missing"
+    NO_PREDICTION = "no-prediction"
+    MODEL_UNRESOLVED = "model-unresolved"
+    KV_POOL_DRIFT = "kv-pool-drift"
+    MAX_CONCURRENCY_BELOW_ONE = "max-concurrency-below-one"
+    MAX_CONCURRENCY_BELOW_TARGET = "max-concurrency-below-target"
+    KV_DTYPE_NOT_IN_EFFECT = "kv-dtype-not-in-effect"
+    GPU_MEMORY_ABOVE_RESERVATION = "gpu-memory-above-reservation"
+    GPU_MEMORY_PEAK_NEAR_TOTAL = "gpu-memory-peak-near-total"
+    REQUESTS_WAITING_SUSTAINED = "requests-waiting-sustained"
+    PREEMPTIONS_INCREASING = "preemptions-increasing"
+    KV_USAGE_HIGH_SUSTAINED = "kv-usage-high-sustained"
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """One finding: stable id, severity, what is wrong, what to change."""
 
-    id: str
+    id: DiagnosisId
     severity: Severity
     message: str
     advice: str
@@ -71,7 +90,7 @@ class Diagnosis:
     def to_dict(self) -> dict[str, str]:
         """JSON-ready form."""
         return {
-            "id": self.id,
+            "id": self.id.value,
             "severity": self.severity.value,
             "message": self.message,
             "advice": self.advice,
@@ -164,7 +183,7 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
         severity = Severity.WARNING if abs(drift) > DRIFT_WARNING_RATIO else Severity.INFO
         found.append(
             Diagnosis(
-                "kv-pool-drift",
+                DiagnosisId.KV_POOL_DRIFT,
                 severity,
                 f"engine KV pool is {comparison.engine_pool_tokens:,} tokens, predicted "
                 f"{comparison.predicted_pool_tokens:,} ({drift:+.0%})",
@@ -181,7 +200,7 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
         if concurrency < 1:
             found.append(
                 Diagnosis(
-                    "max-concurrency-below-one",
+                    DiagnosisId.MAX_CONCURRENCY_BELOW_ONE,
                     Severity.CRITICAL,
                     f"the KV pool holds {concurrency:.2f}x of one {comparison.max_model_len:,}-token request "
                     f"({source}): a full-length request cannot run",
@@ -191,7 +210,7 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
         elif concurrency < comparison.target_concurrency:
             found.append(
                 Diagnosis(
-                    "max-concurrency-below-target",
+                    DiagnosisId.MAX_CONCURRENCY_BELOW_TARGET,
                     Severity.WARNING,
                     f"the KV pool holds {concurrency:.2f} full-length requests ({source}), "
                     f"below the target {comparison.target_concurrency}",
@@ -202,7 +221,7 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
     if requested and reported and not _dtype_in_effect(requested, reported, settings.model_dtype):
         found.append(
             Diagnosis(
-                "kv-dtype-not-in-effect",
+                DiagnosisId.KV_DTYPE_NOT_IN_EFFECT,
                 Severity.WARNING,
                 f"KV cache dtype {requested} was requested but the engine reports cache_dtype={reported!r}",
                 f"start vLLM with --kv-cache-dtype {requested} and check the GPU supports it"
@@ -223,7 +242,7 @@ def _gpu_diagnoses(
                 others = f"; {len(gpu.processes)} processes hold memory" if gpu.processes else ""
                 found.append(
                     Diagnosis(
-                        "gpu-memory-above-reservation",
+                        DiagnosisId.GPU_MEMORY_ABOVE_RESERVATION,
                         Severity.WARNING,
                         f"GPU {gpu.index} uses {format_gib(gpu.used_bytes)}, "
                         f"above the engine's reservation of "
@@ -239,7 +258,7 @@ def _gpu_diagnoses(
         if total - peak < PEAK_FREE_FRACTION * total:
             found.append(
                 Diagnosis(
-                    "gpu-memory-peak-near-total",
+                    DiagnosisId.GPU_MEMORY_PEAK_NEAR_TOTAL,
                     Severity.WARNING,
                     f"peak GPU memory {format_gib(peak)} leaves under 5% of {format_gib(total)} free "
                     f"(steady {format_gib(steady)}, margin {format_gib(peak - steady)})",
@@ -256,7 +275,7 @@ def _load_diagnoses(history: SignalHistory, now: float, settings: MonitorSetting
     if history.sustained(now, window, lambda o: (o.waiting or 0) > 0):
         found.append(
             Diagnosis(
-                "requests-waiting-sustained",
+                DiagnosisId.REQUESTS_WAITING_SUSTAINED,
                 Severity.WARNING,
                 f"requests have been waiting for at least {window:g}s",
                 "the engine cannot run more at once: raise --max-num-seqs if memory allows, or free KV space"
@@ -267,7 +286,7 @@ def _load_diagnoses(history: SignalHistory, now: float, settings: MonitorSetting
     if preempted > 0:
         found.append(
             Diagnosis(
-                "preemptions-increasing",
+                DiagnosisId.PREEMPTIONS_INCREASING,
                 Severity.WARNING,
                 f"{preempted:g} preemptions in the last {window:g}s: the KV cache ran out mid-generation",
                 "lower --max-num-seqs one step and let requests queue, or admit long prompts one at a time",
@@ -277,7 +296,7 @@ def _load_diagnoses(history: SignalHistory, now: float, settings: MonitorSetting
     if history.sustained(now, window, lambda o: o.kv_usage is not None and o.kv_usage >= threshold):
         found.append(
             Diagnosis(
-                "kv-usage-high-sustained",
+                DiagnosisId.KV_USAGE_HIGH_SUSTAINED,
                 Severity.WARNING,
                 f"KV cache usage has stayed at or above {threshold:.0%} for at least {window:g}s",
                 "lower --max-num-seqs one step and let requests queue rather than push the pool to its limit",
@@ -296,13 +315,14 @@ def diagnose(
     history: SignalHistory,
     now: float,
     settings: MonitorSettings,
+    model_error: str | None = None,
 ) -> list[Diagnosis]:
-    """Everything wrong right now, most severe first."""
+    """Everything wrong right now, most severe first (``model_error``: why ``--model`` did not resolve)."""
     found: list[Diagnosis] = []
     if not engine_up:
         found.append(
             Diagnosis(
-                "engine-down",
+                DiagnosisId.ENGINE_DOWN,
                 Severity.CRITICAL,
                 "the engine's /metrics did not answer on the last scrape",
                 "check that vLLM is running and --upstream points at it",
@@ -311,16 +331,26 @@ def diagnose(
     if snapshot is not None and snapshot.kv_usage_metric is None:
         found.append(
             Diagnosis(
-                "engine-metrics-missing",
+                DiagnosisId.ENGINE_METRICS_MISSING,
                 Severity.WARNING,
                 "the engine's page has neither vllm:kv_cache_usage_perc nor vllm:gpu_cache_usage_perc",
                 "check that --upstream is a vLLM server and whether this vLLM version renamed the metric",
             )
         )
-    if not predicted:
+    if model_error is not None:
         found.append(
             Diagnosis(
-                "no-prediction",
+                DiagnosisId.MODEL_UNRESOLVED,
+                Severity.WARNING,
+                f"no budget prediction: {model_error}",
+                "the sidecar keeps proxying and tries again (vLLM fills the HF cache as it loads); "
+                "mount that cache into the sidecar (the chart does), or pass a model directory",
+            )
+        )
+    elif not predicted:
+        found.append(
+            Diagnosis(
+                DiagnosisId.NO_PREDICTION,
                 Severity.INFO,
                 "no budget prediction: give --model (and --gpu or --gpu-memory, or let NVML tell the GPU)",
                 "pass the same model and settings vLLM runs with",

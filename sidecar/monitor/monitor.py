@@ -10,10 +10,11 @@ a diagnosis appearing or clearing), never one per scrape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from structlog.typing import FilteringBoundLogger
 
+from sidecar.budget.architecture import Architecture
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.errors import KvSidecarError
 from sidecar.monitor.diagnose import (
@@ -79,7 +80,14 @@ class Monitor:
         self.plan_error: str | None = None
         self.comparison: Comparison = compare(None, None, max_model_len=None, settings=settings)
         self.diagnoses: list[Diagnosis] = []
+        self.model_error: str | None = None  # why ``--model`` did not resolve (``run`` retries)
+        self.model_source: str | None = None  # where it resolved from: path, hf-cache, hub, catalog
         self._log = log
+
+    def set_architecture(self, architecture: Architecture, source: str) -> None:
+        """``--model`` resolved (perhaps late): predict with it from the next refresh on."""
+        self.inputs = replace(self.inputs, architecture=architecture)
+        self.model_error, self.model_source = None, source
 
     def update_prediction(self) -> None:
         """Rebuild the prediction when its inputs (flags + engine-reported settings) changed."""
@@ -153,6 +161,7 @@ class Monitor:
             history=self.history,
             now=now,
             settings=self.settings,
+            model_error=self.model_error,
         )
         before = {d.id for d in self.diagnoses}
         after = {d.id for d in found}

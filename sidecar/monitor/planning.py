@@ -17,6 +17,9 @@ from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, PlanRequest
 from sidecar.signals.vllm import CacheConfig
 
+MODEL_RETRY_SECONDS = 30.0
+"""How often ``run`` tries again a ``--model`` it could not resolve (vLLM fills the HF cache as it loads)."""
+
 
 @dataclass(frozen=True, slots=True)
 class PlanInputs:

@@ -49,7 +49,12 @@ def budget_document(monitor: Monitor) -> dict[str, Any]:
     config = snapshot.cache_config if snapshot else None
     return {
         "predicted": ledger_to_dict(monitor.ledger, []) if monitor.ledger else None,
-        "prediction_error": monitor.plan_error,
+        "prediction_error": monitor.model_error or monitor.plan_error,
+        "model": {
+            "requested": monitor.inputs.model,
+            "resolved_from": monitor.model_source,
+            "error": monitor.model_error,
+        },
         "engine": {
             "kv_pool_tokens": config.pool_tokens if config else None,
             "num_gpu_blocks": config.num_gpu_blocks if config else None,

@@ -17,23 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
-from sidecar.monitor.diagnose import Severity
+from sidecar.monitor.diagnose import DiagnosisId, Severity
 from sidecar.monitor.monitor import Monitor
 
-_DIAGNOSIS_IDS = (
-    "engine-down",
-    "engine-metrics-missing",
-    "no-prediction",
-    "kv-pool-drift",
-    "max-concurrency-below-one",
-    "max-concurrency-below-target",
-    "kv-dtype-not-in-effect",
-    "gpu-memory-above-reservation",
-    "gpu-memory-peak-near-total",
-    "requests-waiting-sustained",
-    "preemptions-increasing",
-    "kv-usage-high-sustained",
-)
+_DIAGNOSIS_IDS = tuple(DiagnosisId)  # every id is exported, 0 while inactive
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -158,7 +145,7 @@ class MonitorCollector(Collector):
             "diagnosis_active", "1 while the diagnosis with this stable id holds, else 0.", ("id",)
         )
         for diagnosis_id in _DIAGNOSIS_IDS:
-            family.add_metric([diagnosis_id], 1.0 if diagnosis_id in active else 0.0)
+            family.add_metric([diagnosis_id.value], 1.0 if diagnosis_id in active else 0.0)
         yield family
         counts = _gauge("diagnoses", "Diagnoses holding now, by severity.", ("severity",))
         for severity in Severity:

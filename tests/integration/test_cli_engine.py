@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -14,7 +15,8 @@ import httpx
 import pytest
 
 from bench.vllm_harness import free_port
-from tests.fake_vllm import FakeVllm
+from tests.fake_vllm import TINY_CONFIG, FakeVllm
+from tests.hf_cache import add_model
 
 pytestmark = pytest.mark.integration
 KV_SIDECAR = [sys.executable, "-m", "sidecar"]
@@ -249,3 +251,77 @@ async def test_sigterm_under_load_loses_no_accepted_request(fake_vllm: FakeVllm)
     assert proc.returncode == 0, err.decode()
     assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)  # every accepted stream finished
     assert refusals == [(503, "draining")] * 5  # every queued request was answered, none lost
+
+
+async def test_run_serves_while_its_model_is_unresolved_and_predicts_once_the_cache_has_it(
+    fake_vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """A Hub id outside the catalog, offline, not yet cached: traffic flows, /budget says why, then it resolves."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    admin, proxy = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", proxy, "--admin-listen", admin,
+        "--model", "acme/llama-next-8b", "--gpu-memory", "24GiB", "--nvml", "off", "--model-retry", "0.3s",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        await _wait_for_admin("http://" + admin)
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(
+                f"http://{proxy}/v1/completions", json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2}
+            )
+            assert answer.status_code == 200
+            budget = (await client.get(f"http://{admin}/budget")).json()
+            assert budget["predicted"] is None
+            assert budget["model"]["error"].startswith("acme/llama-next-8b is not in")
+            assert "HF_HUB_OFFLINE" in budget["prediction_error"]
+            assert "model-unresolved" in [d["id"] for d in budget["diagnoses"]]
+            assert (
+                await _metric_labelled(
+                    f"http://{admin}", "kv_sidecar_diagnosis_active", 'id="model-unresolved"'
+                )
+                == 1
+            )
+            add_model(cache, "acme/llama-next-8b", {"config.json": TINY_CONFIG})  # vLLM finished downloading
+            deadline = time.monotonic() + 10
+            while (budget := (await client.get(f"http://{admin}/budget")).json())["predicted"] is None:
+                assert time.monotonic() < deadline, budget
+                await asyncio.sleep(0.1)
+        assert budget["model"] == {
+            "requested": "acme/llama-next-8b",
+            "resolved_from": "hf-cache",
+            "error": None,
+        }
+        assert budget["predicted"]["kv_pool_tokens"] > 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+    assert events.count("model_unresolved") == 1  # said once, not once per retry
+    assert "model_resolved" in events
+
+
+async def _metric_labelled(url: str, name: str, labels: str) -> float | None:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(url + "/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.split()[1])
+    return None
+
+
+async def test_plan_reads_a_model_outside_the_catalog_from_the_hf_cache_offline(tmp_path: Path) -> None:
+    add_model(tmp_path / "hub", "acme/llama-next-8b", {"config.json": TINY_CONFIG})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "plan", "--model", "acme/llama-next-8b", "--gpu", "l4", "--max-model-len", "1024", "--format", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert (
+        json.loads(out)["kv_bytes_per_token"] == 512
+    )  # the tiny model: 2 layers x K,V x 1 head x 64 x 2 bytes

@@ -232,3 +232,22 @@ def test_schema_accepts_every_value_set() -> None:
     with helm.Chart.load(str(CHART)) as chart:
         for values in VALUE_SETS.values():
             chart.validate_schema(values)
+
+
+def test_the_hf_cache_vllm_fills_is_mounted_read_only_into_the_sidecar() -> None:
+    rendered = render({"model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "revision": "v1.0"}})
+    pods = containers(rendered)
+    vllm_env = {e["name"]: e.get("value") for e in pods["vllm"]["env"]}
+    sidecar_env = {e["name"]: e.get("value") for e in pods["kv-sidecar"]["env"]}
+    assert vllm_env["HF_HOME"] == sidecar_env["HF_HOME"] == "/data/hf"
+    assert sidecar_env["HF_HUB_OFFLINE"] == "1"  # the sidecar reads what vLLM downloaded; it never downloads
+    assert {"name": "hf-cache", "mountPath": "/data/hf"} in pods["vllm"]["volumeMounts"]
+    read_only = {"name": "hf-cache", "mountPath": "/data/hf", "readOnly": True}
+    assert read_only in pods["kv-sidecar"]["volumeMounts"]
+    for pod in ("vllm", "kv-sidecar"):
+        assert flags(pods[pod]["args"])["--model"] == "meta-llama/Llama-3.3-70B-Instruct"
+        assert flags(pods[pod]["args"])["--revision"] == "v1.0"
+    claimed = render({"hfCache": {"mountPath": "/data/hf", "persistentVolumeClaim": "models"}})
+    deployment = next(d for d in documents(claimed) if d["kind"] == "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["hf-cache"]["persistentVolumeClaim"] == {"claimName": "models"}

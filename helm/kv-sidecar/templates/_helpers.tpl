@@ -47,6 +47,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kv-sidecar.vllmArgs" -}}
 - --model
 - {{ .Values.model.name | quote }}
+{{- with .Values.model.revision }}
+- --revision
+- {{ . | quote }}
+{{- end }}
 - --served-model-name
 - {{ default .Values.model.name .Values.model.servedModelName | quote }}
 - --host
@@ -94,6 +98,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ printf "0.0.0.0:%v" .Values.sidecar.adminPort | quote }}
 - --model
 - {{ default .Values.model.name .Values.sidecar.modelConfig | quote }}
+{{- if and .Values.model.revision (not .Values.sidecar.modelConfig) }}
+- --revision
+- {{ .Values.model.revision | quote }}
+{{- end }}
 - --max-model-len
 - {{ .Values.vllm.maxModelLen | quote }}
 - --max-num-seqs

@@ -1,0 +1,89 @@
+"""``--model <Hugging Face id>``: resolved from a real HF cache layout built at test time, offline."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from sidecar.budget.catalog import resolve_model_source
+from sidecar.budget.hub import looks_like_hub_id
+from sidecar.errors import ModelUnavailableError, UnknownModelError
+from tests.fake_vllm import TINY_CONFIG
+from tests.hf_cache import add_model
+
+
+def safetensors(shapes: dict[str, list[int]]) -> bytes:
+    """A valid safetensors file of zeros with these bf16 tensors."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * shape[0] * shape[1]
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(offset)
+
+
+@pytest.mark.parametrize(
+    ("text", "hub"),
+    [
+        ("meta-llama/Llama-3.3-70B-Instruct", True),
+        ("Qwen/Qwen2.5-7B-Instruct", True),
+        ("qwen2.5-7b", False),
+        ("a/b/c", False),
+        ("../x", False),
+        ("org/..", False),
+    ],
+)
+def test_what_looks_like_a_hub_id(text: str, hub: bool) -> None:
+    assert looks_like_hub_id(text) is hub
+
+
+def test_a_model_outside_the_catalog_resolves_from_the_hf_cache(tmp_path: Path) -> None:
+    snapshot = add_model(tmp_path, "acme/tiny-chat", {"config.json": TINY_CONFIG, "tokenizer.json": "{}"})
+    resolved = resolve_model_source("acme/tiny-chat", cache_dir=tmp_path, offline=True)
+    assert resolved.source == "hf-cache"
+    assert resolved.directory == snapshot  # the tokenizer and chat template are read from here
+    assert resolved.architecture.num_layers == TINY_CONFIG["num_hidden_layers"]
+    assert resolved.architecture.parameter_source == "computed from config.json"
+
+
+def test_the_revision_selects_the_snapshot(tmp_path: Path) -> None:
+    add_model(tmp_path, "acme/tiny-chat", {"config.json": TINY_CONFIG})
+    other = add_model(
+        tmp_path, "acme/tiny-chat", {"config.json": TINY_CONFIG | {"num_hidden_layers": 6}}, branch="v2"
+    )
+    resolved = resolve_model_source("acme/tiny-chat", "v2", cache_dir=tmp_path, offline=True)
+    assert (resolved.directory, resolved.architecture.num_layers) == (other, 6)
+
+
+def test_weights_vllm_downloaded_give_the_exact_parameter_count(tmp_path: Path) -> None:
+    weights = safetensors({"a": [4, 8], "b": [3, 5]})
+    add_model(tmp_path, "acme/tiny-chat", {"config.json": TINY_CONFIG, "model.safetensors": weights})
+    resolved = resolve_model_source("acme/tiny-chat", cache_dir=tmp_path, offline=True)
+    assert resolved.architecture.parameter_count == 4 * 8 + 3 * 5
+    assert resolved.architecture.parameter_source.startswith("safetensors headers")
+
+
+def test_offline_and_not_cached_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailableError, match=r"acme/absent is not in .* HF_HUB_OFFLINE is set: mount"):
+        resolve_model_source("acme/absent", cache_dir=tmp_path, offline=True)
+
+
+def test_a_catalog_model_needs_no_cache_and_no_network(tmp_path: Path) -> None:
+    resolved = resolve_model_source("Qwen/Qwen2.5-7B-Instruct", cache_dir=tmp_path, offline=True)
+    assert (resolved.source, resolved.directory) == ("catalog", None)
+
+
+def test_the_cache_wins_over_the_catalog(tmp_path: Path) -> None:
+    add_model(tmp_path, "Qwen/Qwen2.5-7B-Instruct", {"config.json": TINY_CONFIG})
+    resolved = resolve_model_source("Qwen/Qwen2.5-7B-Instruct", cache_dir=tmp_path, offline=True)
+    assert resolved.source == "hf-cache"
+    assert resolved.architecture.num_layers == TINY_CONFIG["num_hidden_layers"]
+
+
+def test_neither_path_nor_id_nor_catalog() -> None:
+    with pytest.raises(UnknownModelError, match=r"unknown model 'gpt-5': not a file or directory"):
+        resolve_model_source("gpt-5")
