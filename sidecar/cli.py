@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -26,11 +27,19 @@ from sidecar.budget import (
     resolve_model,
 )
 from sidecar.budget.catalog import ResolvedModel, resolve_model_source
+from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_BYTES
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
-from sidecar.units import parse_duration, parse_listen, parse_positive_int, parse_ratio, parse_size
+from sidecar.units import (
+    parse_duration,
+    parse_listen,
+    parse_memory,
+    parse_positive_int,
+    parse_ratio,
+    parse_size,
+)
 
 EXIT_USAGE = 2
 ENV_PREFIX = "KV_SIDECAR_"
@@ -52,6 +61,16 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def _kv_dtype(text: str) -> str:
+    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3`` and ``fp8_e5m2`` are both 1-byte FP8)."""
+    value = normalise_dtype(text)
+    if value not in {"auto", *KV_DTYPES}:
+        raise UsageError(
+            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)} or fp8_e4m3/fp8_e5m2"
+        )
+    return value
 
 
 def _scrape_interval(text: str) -> float:
@@ -90,15 +109,22 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         "--gpu",
         help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
     )
-    add("--gpu-memory", type=parse_size, help="GPU memory instead of --gpu, e.g. 24GiB or 80GB")
+    add(
+        "--gpu-memory",
+        type=parse_memory,
+        help="GPU memory instead of --gpu: 24GiB (24G, 24Gi: the same, binary) or 80GB (10^9 bytes each)",
+    )
     add(
         "--weight-dtype",
         type=_choice("bf16", "fp16", "fp8", "int8", "int4"),
         help="default: the checkpoint's",
     )
-    kv_dtype = _choice("auto", "bf16", "fp16", "fp8", "int8", "int4")
     add(
-        "--kv-cache-dtype", type=kv_dtype, default=default("auto"), help="KV cache dtype (auto = model dtype)"
+        "--kv-cache-dtype",
+        type=_kv_dtype,
+        default=default("auto"),
+        help="KV cache dtype: auto (the model's), bf16, fp16, fp8, int8, int4, or vLLM's spellings "
+        "(bfloat16, fp8_e4m3, fp8_e5m2, ...)",
     )
     add(
         "--max-model-len",
@@ -121,10 +147,12 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     )
     add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
     add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
-    add("--kv-cache-memory", type=parse_size, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
+    add("--kv-cache-memory", type=parse_memory, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
     add("--num-gpu-blocks-override", type=parse_positive_int, help="vLLM --num-gpu-blocks-override")
-    add("--activation-memory", type=parse_size, help="activation peak (default 0.5GiB, or estimated)")
-    add("--overhead-memory", type=parse_size, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB")
+    add("--activation-memory", type=parse_memory, help="activation peak (default 0.5GiB, or estimated)")
+    add(
+        "--overhead-memory", type=parse_memory, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB"
+    )
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -268,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _gpu_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
+    if args.gpu_memory is not None and args.gpu:
+        raise UsageError("give --gpu or --gpu-memory, not both: --gpu already says the memory")
     if args.gpu_memory is not None:
         return args.gpu or "custom", args.gpu_memory
     if args.gpu:
@@ -278,7 +308,9 @@ def _gpu_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
 
 def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The deployment flags shared by :class:`PlanRequest` and :class:`PlanInputs`, by field name."""
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in {"1", "true"}
     return {
+        "allow_long_max_model_len": allow_long,  # read as vLLM's envs.py reads it
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,
@@ -476,3 +508,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `kv-sidecar plan | head -1`: the reader left; end quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

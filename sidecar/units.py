@@ -33,6 +33,10 @@ _SIZE_UNITS: dict[str, int] = {
     "mi": MIB,
     "gi": GIB,
     "ti": TIB,
+    "k": KIB,  # 24G as in nvidia-smi, free -g and Kubernetes' own "G" users write: binary, like Gi
+    "m": MIB,
+    "g": GIB,
+    "t": TIB,
 }
 _DURATION_UNITS: dict[str, float] = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
@@ -43,11 +47,25 @@ def parse_size(text: str) -> int:
     match = _NUMBER_WITH_UNIT.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
-        raise UsageError(f"invalid size {text!r}: use bytes or a number with KiB/MiB/GiB/TiB or KB/MB/GB/TB")
+        raise UsageError(
+            f"invalid size {text!r}: use a number with KiB/MiB/GiB/TiB (or K/M/G/T, the same) or KB/MB/GB/TB"
+        )
     value = float(match.group(1)) * _SIZE_UNITS[unit]
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"invalid size {text!r}: it must be greater than zero")
     return int(value)
+
+
+def parse_memory(text: str) -> int:
+    """Parse a GPU-scale memory size: as :func:`parse_size`, but a bare number below 1 MiB is refused.
+
+    ``--gpu-memory 24`` is 24 bytes to :func:`parse_size`; nobody means that, so say what they do mean.
+    """
+    value = parse_size(text)
+    match = _NUMBER_WITH_UNIT.match(text)
+    if match is not None and not match.group(2) and value < MIB:
+        raise UsageError(f"invalid size {text!r}: a bare number is bytes; write the unit: {text.strip()}GiB")
+    return value
 
 
 def parse_duration(text: str) -> float:

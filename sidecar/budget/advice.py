@@ -2,9 +2,11 @@
 
 Starting from a request that is ``tight`` or ``does-not-fit``, :func:`advise` tries, each on its
 own and in the seeds' combinations: an FP8 KV cache, INT8 or INT4 weights, both, fewer
-concurrent full-length sequences (the most that fit) and a shorter context (the longest multiple
-of 1024 tokens that fits). It returns only the alternatives whose verdict is ``fits``, each with
-the settings it changes and its own totals.
+concurrent full-length sequences (the most that fit), a shorter context (the longest multiple
+of 1024 tokens that fits) and, when one card cannot hold the weights, more GPUs (tensor parallel
+2, 4 or 8, where vLLM accepts the size). It returns only the alternatives whose verdict is
+``fits``, each with the settings it changes, its own totals and a caveat where one applies (FP8
+KV on a GPU without FP8 hardware, or on a GPU the catalog does not know).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
+from sidecar.budget.catalog import find_gpu
 from sidecar.budget.dtypes import kv_bytes_per_element, weight_bytes_per_param
 from sidecar.budget.ledger import Ledger, PlanRequest, Verdict, build_ledger
 
@@ -26,6 +29,32 @@ class Option:
     description: str
     changes: dict[str, str | int]
     ledger: Ledger
+    caveat: str | None = None
+
+
+def _fp8_caveat(gpu_id: str) -> str | None:
+    gpu = find_gpu(gpu_id)
+    if gpu is None:
+        return "needs a GPU with FP8 support (Ada, Hopper or newer)"
+    if not gpu.fp8:
+        return (
+            f"{gpu.name} has no FP8 hardware (Ampere): whether vLLM's FP8 KV cache runs on it depends on the "
+            "attention backend; check before relying on it"
+        )
+    return None
+
+
+def _more_gpus(request: PlanRequest, ledger: Ledger) -> list[Option]:
+    """Tensor-parallel sizes vLLM accepts, when the weights alone overfill one card."""
+    if ledger.weights_bytes < request.gpu_memory_bytes * request.gpu_memory_utilization:
+        return []
+    for size in (2, 4, 8):
+        if size <= request.tensor_parallel_size or request.architecture.num_attention_heads % size:
+            continue
+        candidate = build_ledger(replace(request, tensor_parallel_size=size))
+        if candidate.verdict is Verdict.FITS:
+            return [Option(f"{size} GPUs (tensor parallel)", {"tensor_parallel_size": size}, candidate)]
+    return []
 
 
 def _largest_fitting(values: range, make: Callable[[int], PlanRequest]) -> PlanRequest | None:
@@ -44,7 +73,8 @@ def _largest_fitting(values: range, make: Callable[[int], PlanRequest]) -> PlanR
 
 def advise(request: PlanRequest) -> list[Option]:
     """Alternatives to ``request`` that fit, best-known remedies first; empty when it already fits."""
-    if build_ledger(request).verdict is Verdict.FITS:
+    current = build_ledger(request)
+    if current.verdict is Verdict.FITS:
         return []
     model_dtype = request.architecture.dtype
     kv_is_wide = kv_bytes_per_element(request.kv_cache_dtype, model_dtype) > 1
@@ -66,7 +96,8 @@ def advise(request: PlanRequest) -> list[Option]:
     for description, changes in candidates:
         ledger = build_ledger(replace(request, **changes))  # type: ignore[arg-type]
         if ledger.verdict is Verdict.FITS:
-            options.append(Option(description, changes, ledger))
+            caveat = _fp8_caveat(request.gpu) if "kv_cache_dtype" in changes else None
+            options.append(Option(description, changes, ledger, caveat))
     if request.concurrency > 1:
         fewer = _largest_fitting(range(1, request.concurrency), lambda n: replace(request, concurrency=n))
         if fewer is not None:
@@ -82,4 +113,4 @@ def advise(request: PlanRequest) -> list[Option]:
             options.append(
                 Option("shorter context", {"max_model_len": shorter.max_model_len}, build_ledger(shorter))
             )
-    return options
+    return options + _more_gpus(request, current)

@@ -20,12 +20,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.safetensors import measured_parameter_count
+from sidecar.budget.vision import vision_parameters
 from sidecar.errors import ConfigError
 
-_QWEN_WINDOW_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+_QWEN_WINDOW_TYPES = frozenset(
+    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
+)  # use_sliding_window decides (off in every published checkpoint); windows from max_window_layers on
 _GEMMA3_TYPES = frozenset({"gemma3", "gemma3_text"})
+_FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
+_PLAIN_MLP_TYPES = frozenset(
+    {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi"}
+)
 _DEFAULT_GEMMA3_PATTERN = 6
 
 
@@ -89,6 +97,11 @@ class Architecture:
     quantization: str | None = None
     parameter_count: int | None = None
     parameter_source: str = "computed from config.json"
+    derived_max_model_len: int | None = None  # the longest --max-model-len vLLM accepts
+    vision_parameters: int | None = 0  # the vision tower and projector (None: a tower not modelled)
+    gated_mlp: bool = True  # gate, up and down projections (False: fc1 and fc2, as Falcon and GPT-2)
+    norm_bias: bool = False  # LayerNorms with a bias (Falcon) rather than RMSNorms
+    norms_per_layer: int = 2
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -138,7 +151,13 @@ def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
         kinds = {"full_attention": LayerKind.FULL, "sliding_attention": LayerKind.SLIDING}
-        return tuple(kinds.get(str(t), LayerKind.FULL) for t in layer_types)
+        return tuple(kinds.get(str(t), LayerKind.NONE) for t in layer_types)  # linear attention, mamba
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: only "*" layers attend
+        return tuple(LayerKind.FULL if c == "*" else LayerKind.NONE for c in pattern)
+    interval = _first_int(cfg, "full_attention_interval")
+    if interval and model_type == "qwen3_next":  # every interval-th layer attends; the rest are linear
+        return tuple(LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.NONE for i in range(num_layers))
     if window is None:
         return (LayerKind.FULL,) * num_layers
     if model_type in _QWEN_WINDOW_TYPES:
@@ -201,13 +220,83 @@ def _quantization(cfg: Mapping[str, Any]) -> str | None:
     return None
 
 
+_MAX_LEN_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)  # fmt: skip
+_UNSCALED_ROPE = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
+
+
+def _rope_parameters(cfg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, Mapping):
+        return []
+    if any(k in rope for k in ("rope_type", "type", "factor")):
+        return [rope]
+    return [v for v in rope.values() if isinstance(v, Mapping)]  # per layer type (transformers 5)
+
+
+def _derived_max_len(cfg: Mapping[str, Any], model_type: str) -> int | None:
+    """VLLM's derived maximum length (``_get_and_verify_max_len``, vllm/config/model.py, 0.32.0).
+
+    The smallest of the length keys present, times the RoPE scaling factor, except for RoPE types whose
+    ``max_position_embeddings`` is already scaled (llama3, YaRN, LongRoPE, ...) and for Gemma 3.
+    """
+    lengths = [
+        v for k in _MAX_LEN_KEYS if isinstance(v := cfg.get(k), int | float) and not isinstance(v, bool)
+    ]
+    if not lengths:
+        return None
+    factor = 1.0
+    if "gemma3" not in model_type:
+        for rope in _rope_parameters(cfg):
+            kind = str(rope.get("rope_type") or rope.get("type") or "default")
+            if kind not in _UNSCALED_ROPE and isinstance(rope.get("factor"), int | float):
+                factor = float(rope["factor"])
+    return int(min(lengths) * factor)
+
+
+_ALIASES = (
+    ("num_local_experts", "n_routed_experts", "num_experts"),
+    ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"),
+    ("num_hidden_layers", "n_layer", "num_layers"),
+    ("num_attention_heads", "n_head"),
+    ("hidden_size", "n_embd", "d_model"),
+    ("intermediate_size", "ffn_hidden_size", "n_inner"),
+    ("head_dim", "hidden_size_per_head"),
+    ("vocab_size", "padded_vocab_size"),
+    _MAX_LEN_KEYS,
+)  # spellings of one field: a default never stands in for a spelling the config uses
+
+
+def _without_aliases(defaults: Mapping[str, Any], published: Mapping[str, Any]) -> dict[str, Any]:
+    dropped = {key for group in _ALIASES if any(k in published for k in group) for key in group}
+    return {k: v for k, v in defaults.items() if k not in dropped}
+
+
+def _with_defaults(top: Mapping[str, Any]) -> dict[str, Any]:
+    """The language model's fields: the config's own, else transformers' defaults for its model types.
+
+    Precedence, lowest first: the text config class's defaults, the top config class's defaults, the
+    published top level, the published ``text_config``.
+    """
+    text = top.get("text_config")
+    text = text if isinstance(text, Mapping) else {}
+    top_defaults = transformers_defaults(str(top.get("model_type") or ""))
+    nested = top_defaults.get("text_config")
+    text_type = str(text.get("model_type") or (nested or {}).get("model_type") or "")
+    text_defaults = {**(nested or {}), **transformers_defaults(text_type)}
+    plain = {k: v for k, v in top_defaults.items() if not isinstance(v, Mapping)}
+    defaults = _without_aliases({**text_defaults, **plain}, {**top, **text})
+    return {**defaults, **top, **text, "model_type": text.get("model_type") or top.get("model_type")}
+
+
 def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     """Build an :class:`Architecture` from the parsed contents of a ``config.json``."""
     if not isinstance(config, Mapping):
         raise ConfigError("config.json must hold a JSON object")
     top = config
-    text = config.get("text_config")
-    cfg: Mapping[str, Any] = {**top, **text} if isinstance(text, Mapping) else top
+    cfg: Mapping[str, Any] = _with_defaults(top)
     model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
     num_layers = _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _required_int(cfg, "num_attention_heads", "n_head")
@@ -215,6 +304,10 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     kv_heads = (
         _first_int(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num") or heads
     )
+    falcon = model_type in _FALCON_TYPES
+    new_falcon = falcon and bool(cfg.get("new_decoder_architecture"))
+    if falcon and not new_falcon and cfg.get("multi_query"):
+        kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = _first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
     intermediate = _first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
     if kv_heads <= 0 or head_dim <= 0:
@@ -237,6 +330,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         layer_kinds=_layer_kinds(cfg, model_type, num_layers),
         sliding_window=_first_int(cfg, "sliding_window"),
         max_position_embeddings=_first_int(cfg, "max_position_embeddings", "n_positions", "seq_length"),
+        derived_max_model_len=_derived_max_len(cfg, model_type),
+        vision_parameters=vision_parameters(top, hidden),
+        gated_mlp=model_type not in _PLAIN_MLP_TYPES,
+        norm_bias=falcon,
+        norms_per_layer=(2 if new_falcon or not cfg.get("parallel_attn", True) else 1) if falcon else 2,
         attention_bias=bool(cfg.get("attention_bias", model_type in {"qwen2", "qwen2_moe"})),
         qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"},
         mla=_mla(cfg),

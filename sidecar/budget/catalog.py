@@ -58,24 +58,25 @@ MODELS: Final[tuple[CatalogModel, ...]] = (
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One GPU model and the memory its driver reports as total."""
+    """One GPU model, the memory its driver reports as total, and whether it computes in FP8."""
 
     id: str
     name: str
     memory_bytes: int
+    fp8: bool  # FP8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper); Ampere (8.0, 8.6) has none
 
 
 GPUS: Final[tuple[Gpu, ...]] = (
-    Gpu("rtx3090", "NVIDIA GeForce RTX 3090", 24576 * MIB),
-    Gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24564 * MIB),
-    Gpu("l4", "NVIDIA L4", 23034 * MIB),
-    Gpu("a10", "NVIDIA A10", 23028 * MIB),
-    Gpu("l40s", "NVIDIA L40S", 46068 * MIB),
-    Gpu("rtx-a6000", "NVIDIA RTX A6000", 49140 * MIB),
-    Gpu("a100-40gb", "NVIDIA A100 40GB", 40960 * MIB),
-    Gpu("a100-80gb", "NVIDIA A100 80GB", 81920 * MIB),
-    Gpu("h100", "NVIDIA H100 80GB", 81559 * MIB),
-    Gpu("h200", "NVIDIA H200", 143771 * MIB),
+    Gpu("rtx3090", "NVIDIA GeForce RTX 3090", 24576 * MIB, fp8=False),
+    Gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24564 * MIB, fp8=True),
+    Gpu("l4", "NVIDIA L4", 23034 * MIB, fp8=True),
+    Gpu("a10", "NVIDIA A10", 23028 * MIB, fp8=False),
+    Gpu("l40s", "NVIDIA L40S", 46068 * MIB, fp8=True),
+    Gpu("rtx-a6000", "NVIDIA RTX A6000", 49140 * MIB, fp8=False),
+    Gpu("a100-40gb", "NVIDIA A100 40GB", 40960 * MIB, fp8=False),
+    Gpu("a100-80gb", "NVIDIA A100 80GB", 81920 * MIB, fp8=False),
+    Gpu("h100", "NVIDIA H100 80GB", 81559 * MIB, fp8=True),
+    Gpu("h200", "NVIDIA H200", 143771 * MIB, fp8=True),
 )
 """Every GPU the catalog knows."""
 
@@ -84,7 +85,6 @@ _GPU_ALIASES: Final[dict[str, str]] = {
     "4090": "rtx4090",
     "a6000": "rtx-a6000",
     "rtxa6000": "rtx-a6000",
-    "a100": "a100-80gb",
     "a100-40g": "a100-40gb",
     "a100-80g": "a100-80gb",
     "h100-80gb": "h100",
@@ -175,9 +175,19 @@ def resolve_model(text: str, revision: str | None = None) -> Architecture:
     return resolve_model_source(text, revision).architecture
 
 
+_AMBIGUOUS_GPUS: Final[dict[str, tuple[str, ...]]] = {"a100": ("a100-40gb", "a100-80gb")}
+
+
+def find_gpu(gpu_id: str) -> Gpu | None:
+    """The catalog GPU with this id, or ``None``."""
+    return next((g for g in GPUS if g.id == gpu_id), None)
+
+
 def resolve_gpu(text: str) -> Gpu:
     """The catalog GPU ``--gpu`` names (``rtx4090``, ``RTX 4090``, ``a100-80gb``, ``h100`` ...)."""
     key = text.strip().lower().replace(" ", "").replace("_", "-").removeprefix("nvidia")
+    if key in _AMBIGUOUS_GPUS:
+        raise UnknownGpuError(f"--gpu {text} is ambiguous: use {' or '.join(_AMBIGUOUS_GPUS[key])}")
     key = _GPU_ALIASES.get(key, key)
     for gpu in GPUS:
         if key in {gpu.id, gpu.id.replace("-", "")}:

@@ -97,6 +97,7 @@ class PlanRequest:
     non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes: the pool, not derived
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
+    allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
 
     def __post_init__(self) -> None:
         positive = {
@@ -121,6 +122,29 @@ class PlanRequest:
                 f"unknown KV cache dtype {self.kv_cache_dtype!r}: use auto, bf16, fp16, fp8, int8, int4"
             )
         weight_bytes_per_param(self.effective_weight_dtype)  # validates
+        self._check_as_vllm_does()
+
+    def _check_as_vllm_does(self) -> None:
+        """Settings vLLM refuses to start with (``vllm/config/model.py``, 0.8 to 0.32 alike).
+
+        ``verify_with_parallel_config``: the attention heads must divide by the TP size (KV heads need
+        not: they are replicated). ``_get_and_verify_max_len``: ``--max-model-len`` above the length
+        the config derives is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``.
+        """
+        arch, tp = self.architecture, self.tensor_parallel_size
+        if arch.num_attention_heads % tp:
+            fits = [n for n in (1, 2, 4, 8, 16) if arch.num_attention_heads % n == 0]
+            raise UsageError(
+                f"vLLM refuses --tensor-parallel-size {tp}: the model's {arch.num_attention_heads} attention "
+                f"heads must divide by it; use {', '.join(map(str, fits))}"
+            )
+        derived, wanted = arch.derived_max_model_len, self.max_model_len
+        if wanted and derived and wanted > derived and not self.allow_long_max_model_len:
+            raise UsageError(
+                f"vLLM refuses --max-model-len {wanted}: the model's config derives {derived:,} "
+                "(max_position_embeddings, RoPE scaling); lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+                "for vLLM and the sidecar"
+            )
 
     @property
     def effective_weight_dtype(self) -> str:

@@ -3,9 +3,10 @@
 Used when a model directory has no weight files (a catalog entry, or a bare ``config.json``).
 It counts the tensors a Llama-style decoder has: embeddings (and an untied LM head), per layer
 the attention projections (with biases where the family has them, QK norms, or MLA's low-rank
-projections), a gated MLP or the MoE experts, the router and shared experts, and the RMS norms.
-Vision towers of multimodal checkpoints are not counted. Tests compare the result with the
-published counts of every catalog model (within 1%).
+projections), a gated MLP (or Falcon's and GPT-2's two matrices) or the MoE experts, the router and
+shared experts, the norms, and the vision tower where :mod:`sidecar.budget.vision` models it. Tests
+compare the result with the published counts of every catalog model (within 1%) and with the models
+transformers builds from every corpus config.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
     hidden = arch.hidden_size
     moe = arch.moe
     if moe is None or layer < moe.dense_layers:
-        return _GATED_MLP_MATRICES * hidden * arch.intermediate_size
+        matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2
+        return matrices * hidden * arch.intermediate_size
     experts = moe.num_experts * _GATED_MLP_MATRICES * hidden * moe.expert_intermediate_size
     shared = _GATED_MLP_MATRICES * hidden * moe.shared_intermediate_size
     router = hidden * moe.num_experts
@@ -57,12 +59,13 @@ def computed_parameter_count(arch: Architecture) -> int:
     """Total parameters of the language model described by ``arch``."""
     hidden = arch.hidden_size
     embeddings = arch.vocab_size * hidden * (1 if arch.tie_word_embeddings else 2)
-    norms_per_layer = 4 * hidden if arch.model_type.startswith("gemma") else 2 * hidden
+    norm = 2 * hidden if arch.norm_bias else hidden
+    norms_per_layer = 4 * hidden if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
     layers = sum(
         _attention_parameters(arch) + _mlp_parameters(arch, i) + norms_per_layer
         for i in range(arch.num_layers)
     )
-    return embeddings + layers + hidden
+    return embeddings + layers + norm + (arch.vision_parameters or 0)
 
 
 def parameter_count(arch: Architecture) -> int:

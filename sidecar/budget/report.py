@@ -61,7 +61,8 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
 
 def _option_to_dict(option: Option) -> dict[str, Any]:
     figures = _figures(option.ledger)
-    return {"description": option.description, **option.changes, **{k: figures[k] for k in _SUMMARY_FIELDS}}
+    summary = {k: figures[k] for k in _SUMMARY_FIELDS}
+    return {"description": option.description, **option.changes, **summary, "caveat": option.caveat}
 
 
 def ledger_to_dict(ledger: Ledger, options: list[Option]) -> dict[str, Any]:
@@ -107,4 +108,6 @@ def render_table(ledger: Ledger, options: list[Option]) -> str:
                 f"    {option.description:<32}{changed:<40}total {format_gib(option.ledger.total_bytes)}, "
                 f"KV {format_gib(option.ledger.kv_bytes_total)}, {option.ledger.max_concurrency:.2f}x"
             )
+            if option.caveat:
+                lines.append(f"      but: {option.caveat}")
     return "\n".join(lines)

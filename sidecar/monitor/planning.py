@@ -42,6 +42,7 @@ class PlanInputs:
     overhead_bytes: int | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
+    allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
 
 
 def _engine_kv_dtype(config: CacheConfig | None) -> str | None:
@@ -63,7 +64,7 @@ def resolve_plan_request(
     gpu_memory = inputs.gpu_memory_bytes or gpu_total_bytes
     if gpu_memory is None:
         return None
-    extra = {} if inputs.overhead_bytes is None else {"overhead_bytes": inputs.overhead_bytes}
+    extra: dict[str, int] = {} if inputs.overhead_bytes is None else {"overhead_bytes": inputs.overhead_bytes}
     return PlanRequest(
         architecture=inputs.architecture,
         gpu_memory_bytes=gpu_memory,
@@ -85,5 +86,6 @@ def resolve_plan_request(
         or (engine.kv_cache_memory_bytes if engine else None),
         num_gpu_blocks_override=inputs.num_gpu_blocks_override
         or (engine.num_gpu_blocks_override if engine else None),
+        allow_long_max_model_len=inputs.allow_long_max_model_len,
         **extra,
     )

@@ -30,7 +30,17 @@ EXPECTED = {
     "qwen3-8b": (36, 32, 8, 128, 4096, 12288, 151936, False, 0),
     "gemma-2-9b": (42, 16, 8, 256, 3584, 14336, 256000, True, 21),
     "gemma-3-4b": (34, 8, 4, 256, 2560, 10240, 262208, True, 29),
-    "deepseek-v3": (61, 128, 128, 56, 7168, 18432, 129280, False, 0),
+    "deepseek-v3": (
+        61,
+        128,
+        128,
+        64,
+        7168,
+        18432,
+        129280,
+        False,
+        0,
+    ),  # head_dim: transformers sets qk_rope_head_dim (MLA caches the latent)
 }
 
 

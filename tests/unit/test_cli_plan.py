@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,9 +121,30 @@ def test_environment_sets_flags_and_flags_win(capsys: pytest.CaptureFixture[str]
         (["plan", "--model", "qwen2.5-7b", "--gpu", "tpu"], "unknown GPU 'tpu'"),
         (["plan", "--model", "qwen2.5-7b"], "give --gpu"),
         (["plan", "--gpu", "l4"], "--model is required"),
-        (["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--kv-cache-dtype", "fp4"], "invalid value 'fp4'"),
+        (
+            ["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--kv-cache-dtype", "fp4"],
+            "invalid KV cache dtype 'fp4'",
+        ),
         (["plan", "--bogus"], "unrecognized arguments"),
         ([], "required"),
+        (
+            ["plan", "--model", "qwen2.5-7b", "--gpu-memory", "24"],
+            "a bare number is bytes; write the unit: 24GiB",
+        ),
+        (
+            ["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--gpu-memory", "24GiB"],
+            "--gpu or --gpu-memory, not both",
+        ),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "a100"], "ambiguous: use a100-40gb or a100-80gb"),
+        (
+            ["plan", "--model", "qwen2.5-7b", "--gpu", "h100", "--tensor-parallel-size", "8"],
+            "refuses --tensor-pa",
+        ),
+        (
+            ["plan", "--model", "llama-3.1-70b", "--gpu", "h100", "--tensor-parallel-size", "3"],
+            "64 attention heads",
+        ),
+        (["plan", "--model", "qwen2.5-7b", "--gpu", "h100", "--max-model-len", "65536"], "derives 32,768"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -161,3 +183,59 @@ def test_console_script_runs_the_headline_case() -> None:
         [str(script), *HEADLINE, "--format", "json"], capture_output=True, text=True, check=True
     )
     assert json.loads(result.stdout)["kv_bytes_per_token"] == 57344
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, object]:
+    assert main(["plan", "--model", "qwen2.5-7b", "--format", "json", *flags], environ={}) == 0
+    document: dict[str, object] = json.loads(capsys.readouterr().out)
+    return document
+
+
+@pytest.mark.parametrize("spelling", ["24G", "24Gi", "24GiB", "24 GiB", "24g"])
+def test_gpu_memory_spellings_all_mean_gib(spelling: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _plan_json(capsys, "--gpu-memory", spelling)["gpu_memory_bytes"] == 24 * 2**30
+
+
+@pytest.mark.parametrize("spelling", ["fp8_e4m3", "fp8_e5m2", "FP8"])
+def test_vllm_spellings_of_the_kv_dtype(spelling: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fp8 = _plan_json(capsys, "--gpu", "l4", "--kv-cache-dtype", "fp8")
+    assert _plan_json(capsys, "--gpu", "l4", "--kv-cache-dtype", spelling) == fp8
+
+
+@pytest.mark.parametrize(("gpu", "caveat"), [("a100-80gb", "has no FP8 hardware"), ("h100", None)])
+def test_fp8_kv_is_offered_with_a_caveat_where_the_gpu_has_no_fp8(
+    gpu: str, caveat: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = _plan_json(capsys, "--gpu", gpu, "--max-model-len", "32768", "--concurrency", "40")
+    options = {o["description"]: o for o in document["options"]}  # type: ignore[attr-defined]
+    said = options["FP8 KV cache"]["caveat"]
+    assert said == caveat if caveat is None else caveat in said
+
+
+def test_fp8_kv_on_an_unknown_gpu_says_it_needs_fp8(capsys: pytest.CaptureFixture[str]) -> None:
+    document = _plan_json(capsys, "--gpu-memory", "80GiB", "--max-model-len", "32768", "--concurrency", "40")
+    options = {o["description"]: o for o in document["options"]}  # type: ignore[attr-defined]
+    assert "needs a GPU with FP8 support" in options["FP8 KV cache"]["caveat"]
+
+
+def test_more_gpus_when_one_card_cannot_hold_the_weights(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpu", "h100", "--max-model-len", "8192", "--format",
+                 "json"], environ={}) == 0  # fmt: skip
+    options = json.loads(capsys.readouterr().out)["options"]
+    assert {"description": "2 GPUs (tensor parallel)", "tensor_parallel_size": 2}.items() <= options[
+        -1
+    ].items()
+
+
+def test_a_closed_pipe_ends_plan_quietly() -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader (`| head -1`) has already gone
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", *HEADLINE],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        check=False,
+        timeout=60,
+    )
+    os.close(write)
+    assert (result.returncode, result.stderr) == (0, b"")

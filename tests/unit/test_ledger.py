@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -71,11 +73,61 @@ def test_tensor_parallel_divides_weights_and_kv_per_gpu() -> None:
 
 
 def test_tensor_parallel_beyond_kv_heads_replicates_one_head() -> None:
-    arch = resolve_model("qwen2.5-7b")  # 4 KV heads
-    tp4 = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=4096, tensor_parallel_size=4))
+    arch = resolve_model("llama-3.1-8b")  # 32 attention heads, 8 KV heads
     tp8 = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=4096, tensor_parallel_size=8))
-    assert tp4.kv_bytes_per_token == tp8.kv_bytes_per_token == 2 * 1 * 128 * 2 * 28
-    assert any("replicated" in note for note in tp8.notes)
+    tp16 = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=4096, tensor_parallel_size=16))
+    assert tp8.kv_bytes_per_token == tp16.kv_bytes_per_token == 2 * 1 * 128 * 2 * 32
+    assert any("replicated" in note for note in tp16.notes)
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "heads", "use"),
+    [
+        ("qwen2.5-7b", 8, 28, "1, 2, 4"),
+        ("llama-3.1-70b", 3, 64, "1, 2, 4, 8, 16"),
+        ("qwen2.5-7b", 3, 28, "1, 2, 4"),
+    ],
+)
+def test_a_tensor_parallel_size_vllm_refuses_is_refused(model: str, tp: int, heads: int, use: str) -> None:
+    # vllm/config/model.py ModelConfig.verify_with_parallel_config (0.32.0): attention heads % tp != 0
+    with pytest.raises(
+        UsageError, match=rf"refuses --tensor-parallel-size {tp}: .* {heads} attention .* use {use}$"
+    ):
+        PlanRequest(resolve_model(model), 80 * GIB, max_model_len=4096, tensor_parallel_size=tp)
+
+
+@pytest.mark.parametrize(
+    ("model", "length", "refused"),
+    [
+        ("llama-3.1-8b", 131072, False),  # rope_type llama3: max_position_embeddings is already scaled
+        ("llama-3.1-8b", 131073, True),
+        ("qwen2.5-7b", 32768, False),
+        ("qwen2.5-7b", 65536, True),
+        ("gemma-2-9b", 8192, False),
+        ("gemma-2-9b", 32768, True),
+    ],
+)
+def test_a_max_model_len_above_what_the_config_derives_is_refused(
+    model: str, length: int, refused: bool
+) -> None:
+    # vllm/config/model.py _get_and_verify_max_len (0.32.0), unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
+    make = lambda allow: PlanRequest(  # noqa: E731
+        resolve_model(model), 80 * GIB, max_model_len=length, allow_long_max_model_len=allow
+    )
+    if refused:
+        with pytest.raises(UsageError, match=r"refuses --max-model-len .*VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+            make(False)
+    else:
+        make(False)
+    make(True)
+
+
+def test_linear_rope_scaling_raises_the_derived_length() -> None:
+    config = json.loads((Path(__file__).parents[2] / "sidecar/budget/models/llama-2-7b.json").read_text())
+    scaled = architecture_from_config(config | {"rope_scaling": {"type": "linear", "factor": 4.0}})
+    assert scaled.derived_max_model_len == 4 * 4096
+    yarn = architecture_from_config(config | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert yarn.derived_max_model_len == 4096  # YaRN: already scaled (vLLM 0.30+)
 
 
 def test_deepseek_mla_per_token() -> None:
@@ -104,6 +156,7 @@ def test_sliding_window_blocks_per_request_follow_vllm() -> None:
         arch,
         48 * GIB,
         max_model_len=32768,
+        allow_long_max_model_len=True,  # 8K model: the 32K length makes the window visible
         max_num_batched_tokens=2048,
         activation_bytes=0,
         non_torch_bytes=0,

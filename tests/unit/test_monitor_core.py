@@ -167,7 +167,8 @@ def test_max_concurrency_against_the_target(target: int, expected: Severity | No
 def test_max_concurrency_below_one_is_critical() -> None:
     # an engine page without kv_cache_max_concurrency: 2048 pool tokens < one 4096-token request
     text = substitute_label(page(PRESSURE_PAGE), "vllm:cache_config_info", "kv_cache_max_concurrency", "None")
-    found = _diagnose(_tiny_ledger(max_model_len=4096), parse_vllm_metrics(text), mml=4096)
+    ledger = _tiny_ledger(max_model_len=4096, allow_long_max_model_len=True)  # the tiny model derives 1024
+    found = _diagnose(ledger, parse_vllm_metrics(text), mml=4096)
     assert found["max-concurrency-below-one"] is Severity.CRITICAL
 
 

