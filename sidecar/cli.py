@@ -28,7 +28,8 @@ from sidecar.budget import (
 )
 from sidecar.budget.catalog import ResolvedModel, resolve_model_source
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_BYTES
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
+from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
@@ -61,6 +62,10 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def _vllm_version(text: str) -> str:
+    return str(VllmRelease.parse(text))
 
 
 def _kv_dtype(text: str) -> str:
@@ -135,8 +140,7 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     add(
         "--gpu-memory-utilization",
         type=parse_ratio,
-        default=default(DEFAULT_GPU_MEMORY_UTILIZATION),
-        help=f"vLLM's share of GPU memory (default {DEFAULT_GPU_MEMORY_UTILIZATION})",
+        help="vLLM's share of GPU memory (default: the release's, 0.92 from vLLM 0.20, else 0.9)",
     )
     add("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
     add(
@@ -145,6 +149,15 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         default=default(DEFAULT_BLOCK_SIZE),
         help="tokens per KV block",
     )
+    add(
+        "--vllm-version",
+        type=_vllm_version,
+        default=None if engine_fills_in else NEWEST_MODELLED,
+        help=f"the vLLM release whose defaults and profiling rules apply (default {NEWEST_MODELLED}"
+        + (", or what the engine's /version says)" if engine_fills_in else ")"),
+    )
+    add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
+    add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
     add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
     add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
     add("--kv-cache-memory", type=parse_memory, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
@@ -311,6 +324,9 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
     allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in {"1", "true"}
     return {
         "allow_long_max_model_len": allow_long,  # read as vLLM's envs.py reads it
+        "vllm_version": args.vllm_version,
+        "enforce_eager": args.enforce_eager,
+        "cuda_graph_bytes": args.cuda_graph_memory,
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,

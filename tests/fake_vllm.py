@@ -97,7 +97,7 @@ class FakeVllmState:
         self.metrics_page = substitute(self.metrics_page, "vllm:kv_cache_usage_perc", value)
 
 
-def build_fake_vllm(state: FakeVllmState) -> web.Application:
+def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 - one handler per route
     """The aiohttp app of the fake."""
 
     async def metrics(_: web.Request) -> web.Response:
@@ -186,9 +186,13 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:
             {"method": request.method, "path": request.path, "bytes": len(data)}, status=200
         )
 
+    async def version(_: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})  # what the recorded pages' server answers
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/version", version)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)

@@ -8,20 +8,24 @@ each, and one token costs ``2 x layers x KV heads x head size x KV bytes`` (MLA:
 0.5 GiB and 1.5 GiB.
 
 **vLLM's view** (what the engine will log at start-up): vLLM requests
-``ceil(gpu_memory x gpu_memory_utilization)``, subtracts weights, the activation peak and
-non-torch memory, and turns the rest into a pool of whole blocks (``block_size`` tokens of every
-layer). The pool in tokens and the "Maximum concurrency for N tokens per request" figure follow
-from it; a sliding-window layer needs at most ``cdiv(min(window - 1 + max_num_batched_tokens,
-max_model_len), block) + 1`` blocks per request. ``--kv-cache-memory-bytes`` and
+``ceil(gpu_memory x gpu_memory_utilization)``, subtracts weights, the activation peak of its
+profile run, non-torch memory and (from 0.20, unless eager) its CUDA-graph estimate, and turns the
+rest into a pool of whole blocks (``block_size`` tokens of every layer). The release
+(``vllm_version``) selects the defaults and which terms apply: :mod:`sidecar.budget.vllm_release`
+says which releases each rule holds for and where it was read. The pool in tokens and the
+"Maximum concurrency for N tokens per request" figure follow from it; a sliding-window layer needs
+at most ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks per
+request. ``--kv-cache-memory-bytes`` and
 ``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM.
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent is replicated). Memory figures are per GPU; token counts are per engine.
 
-**Activation** (``activation_bytes``): without ``max_num_batched_tokens`` the seeds' 0.5 GiB.
-With it, the estimate is the largest set of tensors alive at once in one decoder layer while a
-batch of ``T = max_num_batched_tokens`` tokens goes through it, plus the sampler's logits:
-``T x (4 x hidden + 3 x intermediate / tp) x 2 bytes + max_num_seqs x vocab x 4 bytes``.
+**Activation** (``activation_bytes``): vLLM's profile run pushes a dummy batch of
+``T = max_num_batched_tokens`` tokens over ``R = min(max_num_seqs, T)`` sequences (the flags, else
+``vllm serve``'s defaults for the GPU and release) and samples one row per sequence. The estimate is
+the largest set of tensors alive at once in one decoder layer while the batch goes through it, plus
+the sampler's logits: ``T x (4 x hidden + 3 x intermediate / tp) x 2 bytes + R x vocab x 4 bytes``.
 In the MLP, the gate/up output (2 x intermediate) and the activated product (1 x intermediate)
 live together; around them the residual stream, its normed copy, the attention output and the
 MLP output take one hidden-size row each. Activations are bf16/fp16 whatever the weights are;
@@ -44,23 +48,16 @@ from typing import Final
 from sidecar.budget.architecture import Architecture, LayerKind
 from sidecar.budget.dtypes import KV_DTYPES, kv_bytes_per_element, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.parameters import parameter_count
+from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB, MIB
 
-DEFAULT_ACTIVATION_BYTES: Final = GIB // 2
-"""The seeds' activation and temporary-buffer allowance (激活与临时缓冲 ~0.5 GiB)."""
 DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
 DEFAULT_NON_TORCH_BYTES: Final = 512 * MIB
 """Memory vLLM measures outside PyTorch's allocator on one GPU (CUDA context, NCCL, cuBLAS)."""
-DEFAULT_GPU_MEMORY_UTILIZATION: Final = 0.9
-"""vLLM's default ``--gpu-memory-utilization``."""
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
-DEFAULT_MAX_NUM_SEQS: Final = 256
-"""vLLM's default ``--max-num-seqs``."""
-DEFAULT_MAX_NUM_BATCHED_TOKENS: Final = 8192
-"""vLLM's default prefill chunk for online serving; used only for sliding-window block counts."""
 TIGHT_HEADROOM_FRACTION: Final = 0.10
 """Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
 ACTIVATION_ELEMENT_BYTES: Final = 2
@@ -87,7 +84,7 @@ class PlanRequest:
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     concurrency: int = 1
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = None  # None: the release's default (0.9, or 0.92 from 0.20)
     tensor_parallel_size: int = 1
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int | None = None
@@ -98,6 +95,9 @@ class PlanRequest:
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes: the pool, not derived
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
+    vllm_version: str = NEWEST_MODELLED  # selects the release's defaults and profiling rules
+    enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
+    cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
 
     def __post_init__(self) -> None:
         positive = {
@@ -114,8 +114,9 @@ class PlanRequest:
         for flag, value in positive.items():
             if value <= 0:
                 raise UsageError(f"{flag} must be greater than zero, got {value}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        utilization = self.effective_gpu_memory_utilization
+        if not 0.0 < utilization <= 1.0:
+            raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
         kv = normalise_dtype(self.kv_cache_dtype)
         if kv != "auto" and kv not in KV_DTYPES:
             raise UsageError(
@@ -145,6 +146,33 @@ class PlanRequest:
                 "(max_position_embeddings, RoPE scaling); lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
                 "for vLLM and the sidecar"
             )
+
+    @property
+    def release(self) -> VllmRelease:
+        """The vLLM release whose rules apply."""
+        return VllmRelease.parse(self.vllm_version)
+
+    @property
+    def effective_gpu_memory_utilization(self) -> float:
+        """``--gpu-memory-utilization``, else the release's default."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return self.release.default_gpu_memory_utilization
+
+    @property
+    def effective_batch(self) -> tuple[int, int]:
+        """``(max_num_batched_tokens, max_num_seqs)``: the flags, else ``vllm serve``'s defaults."""
+        tokens, seqs = self.release.batch_defaults(
+            self.gpu_memory_bytes, self.gpu, self.effective_max_model_len
+        )
+        return self.max_num_batched_tokens or tokens, self.max_num_seqs or seqs
+
+    @property
+    def effective_cuda_graph_bytes(self) -> int:
+        """CUDA-graph memory the release takes off the KV budget (0 before 0.20 or when eager)."""
+        if not self.release.subtracts_cuda_graphs(enforce_eager=self.enforce_eager):
+            return 0
+        return DEFAULT_CUDA_GRAPH_BYTES if self.cuda_graph_bytes is None else self.cuda_graph_bytes
 
     @property
     def effective_weight_dtype(self) -> str:
@@ -180,6 +208,10 @@ class Ledger:
     max_concurrency: float
     verdict: Verdict
     notes: tuple[str, ...] = field(default=())
+    profile: dict[str, int] = field(
+        default_factory=dict
+    )  # the budget and vLLM's non-KV terms (bytes per GPU)
+    profile_batch: tuple[int, int] = (0, 0)  # the profile run's (tokens, sequences)
 
     @property
     def headroom_bytes(self) -> int:
@@ -208,7 +240,7 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     if kind is LayerKind.NONE:
         return 0
     if kind is LayerKind.SLIDING and window:
-        chunk = request.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        chunk = request.effective_batch[0]
         return min(full_blocks, math.ceil(min(window - 1 + chunk, length) / block) + 1)
     return full_blocks
 
@@ -217,17 +249,15 @@ def estimate_activation_bytes(request: PlanRequest) -> int:
     """The activation peak: an explicit figure, the seeds' default, or the batch-size estimate."""
     if request.activation_bytes is not None:
         return request.activation_bytes
-    tokens = request.max_num_batched_tokens
-    if tokens is None:
-        return DEFAULT_ACTIVATION_BYTES
+    tokens, seqs = request.effective_batch
     arch = request.architecture
     intermediate = arch.intermediate_size
     if arch.moe is not None:
         intermediate = arch.moe.experts_per_token * arch.moe.expert_intermediate_size
         intermediate += arch.moe.shared_intermediate_size
     per_token = 4 * arch.hidden_size + 3 * intermediate // request.tensor_parallel_size
-    seqs = request.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    return tokens * per_token * ACTIVATION_ELEMENT_BYTES + seqs * arch.vocab_size * LOGIT_ELEMENT_BYTES
+    rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
+    return tokens * per_token * ACTIVATION_ELEMENT_BYTES + rows * arch.vocab_size * LOGIT_ELEMENT_BYTES
 
 
 def _notes(request: PlanRequest, max_concurrency: float) -> tuple[str, ...]:
@@ -269,14 +299,22 @@ def build_ledger(request: PlanRequest) -> Ledger:
     kv_total = request.concurrency * per_sequence
     total = weights + round(kv_total) + activation + request.overhead_bytes
 
+    tokens, seqs = request.effective_batch
+    profile = {
+        "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
+        "weights": weights,
+        "activation": activation,
+        "non_torch": request.non_torch_bytes,
+        "cuda_graphs": request.effective_cuda_graph_bytes,
+    }
+    requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
     if request.num_gpu_blocks_override is not None:
         pool = round(request.num_gpu_blocks_override * block_bytes)
     elif request.kv_cache_memory_bytes is not None:
         pool = request.kv_cache_memory_bytes
     else:
-        requested = math.ceil(request.gpu_memory_bytes * request.gpu_memory_utilization)
-        pool = max(0, requested - weights - activation - request.non_torch_bytes)
+        pool = max(0, requested - sum(profile.values()))
     num_blocks = int(pool // block_bytes) if block_bytes else 0
     request_bytes = sum(
         per_layer * request.block_size * _blocks_per_request(request, k, length) for k in kinds
@@ -308,4 +346,6 @@ def build_ledger(request: PlanRequest) -> Ledger:
         max_concurrency=max_concurrency,
         verdict=verdict,
         notes=_notes(request, max_concurrency),
+        profile={"requested": requested, **profile},
+        profile_batch=(tokens, min(seqs, tokens)),
     )

@@ -33,6 +33,11 @@ def _figures(ledger: Ledger) -> dict[str, Any]:
         "kv_pool_tokens": ledger.kv_pool_tokens,
         "max_concurrency": ledger.max_concurrency,
         "verdict": ledger.verdict.value,
+        "vllm_profile": {
+            **{f"{name}_bytes": value for name, value in ledger.profile.items()},
+            "batch_tokens": ledger.profile_batch[0],
+            "batch_sequences": ledger.profile_batch[1],
+        },
     }
 
 
@@ -48,11 +53,13 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "kv_cache_dtype": req.kv_cache_dtype,
         "max_model_len": req.effective_max_model_len,
         "concurrency": req.concurrency,
-        "gpu_memory_utilization": req.gpu_memory_utilization,
+        "gpu_memory_utilization": req.effective_gpu_memory_utilization,
+        "vllm_version": str(req.release),
+        "enforce_eager": req.enforce_eager,
         "tensor_parallel_size": req.tensor_parallel_size,
         "block_size": req.block_size,
-        "max_num_seqs": req.max_num_seqs,
-        "max_num_batched_tokens": req.max_num_batched_tokens,
+        "max_num_seqs": req.effective_batch[1],
+        "max_num_batched_tokens": req.effective_batch[0],
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,
         "head_dim": arch.head_dim,
@@ -75,6 +82,15 @@ def ledger_to_dict(ledger: Ledger, options: list[Option]) -> dict[str, Any]:
     }
 
 
+def _profile_line(ledger: Ledger) -> str:
+    """``= requested - weights - activation - ...``: where vLLM's pool comes from."""
+    terms = " - ".join(
+        f"{name.replace('_', ' ')} {format_gib(value)}" for name, value in ledger.profile.items()
+    )
+    tokens, sequences = ledger.profile_batch
+    return f"    = {terms}  (profile batch: {tokens:,} tokens over {sequences:,} sequences)"
+
+
 def render_table(ledger: Ledger, options: list[Option]) -> str:
     """The human-readable plan: the ledger in GiB, vLLM's view, the verdict and the options."""
     req = ledger.request
@@ -93,9 +109,10 @@ def render_table(ledger: Ledger, options: list[Option]) -> str:
         f"  {'total':<28}{format_gib(ledger.total_bytes):>14}   "
         f"of {format_gib(ledger.gpu_memory_bytes)}, headroom {format_gib(ledger.headroom_bytes)}",
         "",
-        f"  vLLM view at gpu_memory_utilization {req.gpu_memory_utilization}: KV pool "
+        f"  vLLM {req.release} at gpu_memory_utilization {req.effective_gpu_memory_utilization}: KV pool "
         f"{format_gib(ledger.kv_pool_bytes)} = {ledger.kv_pool_tokens:,} tokens, maximum concurrency "
         f"{ledger.max_concurrency:.2f}x for {inputs['max_model_len']:,} tokens per request",
+        _profile_line(ledger),
         "",
         f"  verdict: {ledger.verdict.value}",
     ]

@@ -43,6 +43,7 @@ class EngineState:
     consecutive_failures: int = 0
     max_model_len: int | None = None
     served_model: str | None = None
+    version: str | None = None  # what GET /version says
 
     def metrics_age(self, now: float) -> float | None:
         """Seconds since the last successful scrape (``None`` before the first)."""
@@ -95,7 +96,11 @@ class Monitor:
         total = self.gpu.gpus[0].total_bytes if self.gpu.gpus else None
         try:
             request = resolve_plan_request(
-                self.inputs, snapshot.cache_config if snapshot else None, self.engine.max_model_len, total
+                self.inputs,
+                snapshot.cache_config if snapshot else None,
+                self.engine.max_model_len,
+                total,
+                engine_version=self.engine.version,
             )
             ledger = build_ledger(request) if request and request != self.request else self.ledger
             error: str | None = None

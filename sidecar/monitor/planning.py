@@ -2,7 +2,8 @@
 
 vLLM tells some of its settings on ``/metrics`` (``cache_config_info``: block size, KV dtype,
 ``gpu_memory_utilization``, a blocks override, a fixed KV memory size) and ``/v1/models``
-(``max_model_len``); NVML tells the GPU's memory. :func:`resolve_plan_request` merges them
+(``max_model_len``) and ``/version`` (the release, whose defaults and profiling rules apply); NVML
+tells the GPU's memory. :func:`resolve_plan_request` merges them
 with the flags, a flag given explicitly always winning, and returns ``None`` when a
 prediction is impossible (no ``--model``, or no GPU size from ``--gpu``, ``--gpu-memory``
 or NVML).
@@ -11,10 +12,13 @@ or NVML).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, PlanRequest
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
+from sidecar.budget.vllm_release import VllmRelease
+from sidecar.errors import UsageError
 from sidecar.signals.vllm import CacheConfig
 
 MODEL_RETRY_SECONDS = 30.0
@@ -43,6 +47,16 @@ class PlanInputs:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
+    vllm_version: str | None = None  # None: the newest modelled release
+    enforce_eager: bool = False
+    cuda_graph_bytes: int | None = None
+
+
+def _parseable(version: str | None) -> str | None:
+    try:
+        return str(VllmRelease.parse(version)) if version else None
+    except UsageError:
+        return None
 
 
 def _engine_kv_dtype(config: CacheConfig | None) -> str | None:
@@ -57,6 +71,8 @@ def resolve_plan_request(
     engine: CacheConfig | None,
     engine_max_model_len: int | None,
     gpu_total_bytes: int | None,
+    *,
+    engine_version: str | None = None,
 ) -> PlanRequest | None:
     """The request to predict with, or ``None`` when there is not enough to predict."""
     if inputs.architecture is None:
@@ -64,7 +80,10 @@ def resolve_plan_request(
     gpu_memory = inputs.gpu_memory_bytes or gpu_total_bytes
     if gpu_memory is None:
         return None
-    extra: dict[str, int] = {} if inputs.overhead_bytes is None else {"overhead_bytes": inputs.overhead_bytes}
+    extra: dict[str, Any] = {} if inputs.overhead_bytes is None else {"overhead_bytes": inputs.overhead_bytes}
+    version = inputs.vllm_version or _parseable(engine_version)
+    if version is not None:
+        extra["vllm_version"] = version
     return PlanRequest(
         architecture=inputs.architecture,
         gpu_memory_bytes=gpu_memory,
@@ -75,8 +94,7 @@ def resolve_plan_request(
         max_model_len=inputs.max_model_len or engine_max_model_len,
         concurrency=inputs.concurrency,
         gpu_memory_utilization=inputs.gpu_memory_utilization
-        or (engine.gpu_memory_utilization if engine else None)
-        or DEFAULT_GPU_MEMORY_UTILIZATION,
+        or (engine.gpu_memory_utilization if engine else None),
         tensor_parallel_size=inputs.tensor_parallel_size,
         block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
         max_num_seqs=inputs.max_num_seqs,
@@ -87,5 +105,7 @@ def resolve_plan_request(
         num_gpu_blocks_override=inputs.num_gpu_blocks_override
         or (engine.num_gpu_blocks_override if engine else None),
         allow_long_max_model_len=inputs.allow_long_max_model_len,
+        enforce_eager=inputs.enforce_eager,
+        cuda_graph_bytes=inputs.cuda_graph_bytes,
         **extra,
     )

@@ -1,4 +1,4 @@
-"""The scraper loop: vLLM's ``/metrics`` (and ``/v1/models`` once per engine start) into the monitor.
+"""The scraper loop: vLLM's ``/metrics`` (``/v1/models``, ``/version``: once per start) into the monitor.
 
 Each round fetches the page with a timeout, scans it (see :mod:`sidecar.signals`), reads NVML in
 a worker thread when enabled, and reports the outcome to the :class:`~sidecar.monitor.monitor.Monitor`
@@ -121,6 +121,12 @@ class EngineScraper:
         if isinstance(data.get("id"), str):
             engine.served_model = data["id"]
         self._models_fetched = True
+        try:  # the release, for the prediction's defaults and profiling rules (GET /version, all releases)
+            version = (await self._client.get(f"{self._base}/version", timeout=self._settings.timeout)).json()
+        except (httpx.HTTPError, ValueError):
+            return
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            engine.version = version["version"]
 
     async def scrape_once(self) -> bool:
         """One round; returns whether the engine answered with a usable page."""

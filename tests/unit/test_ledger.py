@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import PlanRequest, Verdict, advise, architecture_from_config, build_ledger, resolve_model
-from sidecar.budget.ledger import DEFAULT_ACTIVATION_BYTES, TIGHT_HEADROOM_FRACTION, estimate_activation_bytes
+from sidecar.budget.ledger import TIGHT_HEADROOM_FRACTION, estimate_activation_bytes
+from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB, MIB
 from tests.fake_vllm import TINY_CONFIG
@@ -32,6 +33,7 @@ def test_tiny_model_matches_the_real_vllm_startup_log() -> None:
         gpu_memory_utilization=1.0,
         activation_bytes=0,
         non_torch_bytes=0,
+        enforce_eager=True,  # the CPU engine captures no CUDA graphs
     )
     ledger = build_ledger(request)
     assert ledger.kv_bytes_per_token == 512
@@ -42,7 +44,13 @@ def test_tiny_model_matches_the_real_vllm_startup_log() -> None:
 def test_pool_rounds_down_to_whole_blocks() -> None:
     arch = architecture_from_config(TINY)
     base = PlanRequest(
-        arch, GIB, block_size=16, gpu_memory_utilization=1.0, activation_bytes=0, non_torch_bytes=0
+        arch,
+        GIB,
+        block_size=16,
+        gpu_memory_utilization=1.0,
+        activation_bytes=0,
+        non_torch_bytes=0,
+        cuda_graph_bytes=0,
     )
     weights = build_ledger(base).weights_bytes
     block_bytes = 16 * 512
@@ -171,7 +179,9 @@ def test_sliding_window_blocks_per_request_follow_vllm() -> None:
 
 def test_activation_default_and_estimate() -> None:
     arch = resolve_model("llama-3-8b")
-    assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB)) == DEFAULT_ACTIVATION_BYTES
+    # a 24 GiB card: vllm serve's 2048 tokens over 256 sequences (vllm/engine/arg_utils.py get_batch_defaults)
+    default = 2048 * (4 * 4096 + 3 * 14336) * 2 + 256 * 128256 * 4
+    assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB)) == default
     assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB, activation_bytes=123)) == 123
     small = estimate_activation_bytes(
         PlanRequest(arch, 24 * GIB, max_num_batched_tokens=2048, max_num_seqs=8)
@@ -282,3 +292,55 @@ def test_pool_overrides_replace_the_computed_pool() -> None:
         PlanRequest(arch, GIB, max_model_len=1024, block_size=128, kv_cache_memory_bytes=2048 * 512)
     )
     assert memory.kv_pool_tokens == 2048
+
+
+@pytest.mark.parametrize(
+    ("version", "gib", "gpu", "batch"),
+    [
+        ("0.32.0", 24, "l4", (2048, 256)),
+        ("0.32.0", 80, "h100", (8192, 1024)),
+        ("0.32.0", 80, "a100-80gb", (2048, 256)),  # "a100" not in device_name (0.9.0 on)
+        ("0.8.5", 80, "a100-80gb", (8192, 1024)),  # before the A100 exclusion
+        ("0.32.0", 141, "h200", (8192, 1024)),
+        ("0.32.0", 180, "b200", (16384, 1024)),  # the >= 160 GiB tier (0.28.0 on)
+        ("0.27.0", 180, "b200", (8192, 1024)),
+    ],
+)
+def test_vllm_serve_batch_defaults_by_gpu_class_and_release(
+    version: str, gib: int, gpu: str, batch: tuple[int, int]
+) -> None:
+    assert VllmRelease.parse(version).batch_defaults(gib * GIB, gpu, 32768) == batch
+
+
+def test_unset_batch_defaults_are_clamped_to_the_context_from_0_12() -> None:
+    # max_num_batched_tokens <= max_num_seqs x max_model_len; max_num_seqs <= max_num_batched_tokens
+    assert VllmRelease.parse("0.32.0").batch_defaults(80 * GIB, "h100", 4) == (4096, 1024)
+    assert VllmRelease.parse("0.11.0").batch_defaults(80 * GIB, "h100", 4) == (8192, 1024)
+
+
+@pytest.mark.parametrize(
+    ("version", "eager", "utilization", "graphs"),
+    [
+        (
+            "0.19.0",
+            False,
+            0.9,
+            0,
+        ),  # estimate computed, not subtracted (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)
+        ("0.20.0", False, 0.92, DEFAULT_CUDA_GRAPH_BYTES),  # on by default, and the default utilisation 0.92
+        ("0.32.0", True, 0.92, 0),  # --enforce-eager: no graphs
+        ("0.11.0", False, 0.9, 0),
+    ],
+)
+def test_the_release_decides_the_default_utilisation_and_the_cuda_graph_term(
+    version: str, eager: bool, utilization: float, graphs: int
+) -> None:
+    request = PlanRequest(resolve_model("qwen2.5-7b"), 80 * GIB, max_model_len=8192, vllm_version=version,
+                          enforce_eager=eager)  # fmt: skip
+    ledger = build_ledger(request)
+    assert request.effective_gpu_memory_utilization == utilization
+    assert ledger.profile["cuda_graphs"] == graphs
+    assert ledger.profile["requested"] == math.ceil(80 * GIB * utilization)
+    assert ledger.kv_pool_bytes == ledger.profile["requested"] - sum(
+        v for k, v in ledger.profile.items() if k != "requested"
+    )

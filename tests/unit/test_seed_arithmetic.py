@@ -38,6 +38,8 @@ def ledger(
             kv_cache_dtype=kv,
             weight_dtype=weights,
             allow_long_max_model_len=True,  # the seeds plan Llama-2 (4K) at 32K: arithmetic, not a deployment
+            activation_bytes=GIB // 2,  # the seeds' 0.5 GiB of activation and temporary buffers
+            vllm_version="0.11.0",  # the seeds' vLLM: utilisation 0.9, no CUDA-graph term in the profile
         )
     )
 
@@ -525,6 +527,7 @@ def test_seed_gpu_memory_utilization_arithmetic() -> None:
             gpu_memory_utilization=util,
             activation_bytes=0,
             non_torch_bytes=0,
+            cuda_graph_bytes=0,
             weight_dtype="bf16",
         )
         result = build_ledger(request)
@@ -546,6 +549,7 @@ def test_seed_max_concurrency_log_line() -> None:
         gpu_memory_utilization=1.0,
         activation_bytes=0,
         non_torch_bytes=0,
+        cuda_graph_bytes=0,
     )
     result = build_ledger(request)
     assert result.kv_pool_tokens == 262_144

@@ -1,0 +1,91 @@
+"""What vLLM does at start-up, per release: the defaults and rules the KV pool depends on.
+
+Theory of operation
+-------------------
+vLLM sizes its KV pool once, at start-up, by profiling (``Worker.determine_available_memory`` in
+``vllm/v1/worker/gpu_worker.py``)::
+
+    available KV = ceil(total memory x gpu_memory_utilization) - non-KV memory [- CUDA-graph estimate]
+
+Which defaults feed it, and which terms are subtracted, changed between releases. Each rule below
+names the releases it holds for and the file it was read in (the release wheels from PyPI, whose code
+is the release tag's; 0.32.0 from the CPU wheel this project installs):
+
+* ``gpu_memory_utilization`` defaults to 0.9 up to 0.19 and to **0.92 from 0.20.0**
+  (``vllm/config/cache.py``: ``Field(default=0.92, ...)``; PR #38284, which turned CUDA-graph
+  profiling on by default and raised the default to compensate).
+* The budget is ``ceil(total x utilization)`` from 0.14.0 (``vllm/v1/worker/utils.py::request_memory``),
+  ``total x utilization`` before; the difference is under one byte and is ignored.
+* The **CUDA-graph estimate** is subtracted from 0.20.0 unless ``--enforce-eager``
+  (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to ``"1"`` in ``vllm/envs.py``; it exists but
+  defaults to ``"0"`` in 0.18-0.19; before 0.18 graphs are captured after the pool is sized and come out
+  of the headroom). The estimate itself is measured by a trial capture; the planner uses
+  :data:`DEFAULT_CUDA_GRAPH_BYTES` unless given a figure.
+* **Batch defaults** (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``), for ``vllm serve``:
+  ``max_num_batched_tokens`` / ``max_num_seqs`` are 8192 / 1024 on GPUs of at least 70 GiB (from 0.9.0:
+  other than A100s), 16384 / 1024 from 0.28.0 on GPUs of at least 160 GiB, else 2048 / 256; from 0.12.0,
+  when left unset, the tokens are capped at ``max_num_seqs x max_model_len`` and the sequences at the tokens.
+  They size the profile's dummy batch (the activation peak) and the sampler's rows.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from sidecar.errors import UsageError
+from sidecar.units import GIB, MIB
+
+NEWEST_MODELLED: Final = "0.32.0"
+"""The newest vLLM release whose start-up rules were read (the default when the engine cannot say)."""
+DEFAULT_CUDA_GRAPH_BYTES: Final = 512 * MIB
+"""CUDA-graph memory when not measured: about the median estimate in the calibration logs (0.3-0.65 GiB)."""
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class VllmRelease:
+    """A vLLM release, compared by (major, minor, patch)."""
+
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> VllmRelease:
+        """``0.11.0``, ``v0.10.1.1``, ``0.11.0rc1`` or ``0.32.0+cpu``; one-line error otherwise."""
+        match = _VERSION.match(text.strip())
+        if match is None:
+            raise UsageError(f"invalid vLLM version {text!r}: give one such as {NEWEST_MODELLED}")
+        return cls(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+    def at_least(self, minor: int, patch: int = 0) -> bool:
+        """Whether this release is ``0.minor.patch`` or later."""
+        return (self.major, self.minor, self.patch) >= (0, minor, patch)
+
+    @property
+    def default_gpu_memory_utilization(self) -> float:
+        """0.92 from 0.20.0, else 0.9."""
+        return 0.92 if self.at_least(20) else 0.9
+
+    def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
+        """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""
+        return self.at_least(20) and not enforce_eager
+
+    def batch_defaults(self, gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> tuple[int, int]:
+        """``vllm serve``'s ``(max_num_batched_tokens, max_num_seqs)`` when neither flag is given."""
+        if self.at_least(28) and gpu_memory_bytes >= 160 * GIB:
+            tokens, seqs = 16384, 1024
+        elif gpu_memory_bytes >= 70 * GIB and (not self.at_least(9) or "a100" not in gpu_name.lower()):
+            tokens, seqs = 8192, 1024
+        else:
+            tokens, seqs = 2048, 256
+        if self.at_least(12):
+            tokens = min(seqs * max_model_len, tokens)
+            seqs = min(seqs, tokens)
+        return tokens, seqs
