@@ -205,7 +205,7 @@ def _moe(cfg: Mapping[str, Any], intermediate_size: int) -> MoeSpec | None:
     )
 
 
-def _quantization(cfg: Mapping[str, Any]) -> str | None:
+def _quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
     quant = cfg.get("quantization_config")
     if not isinstance(quant, Mapping):
         return None
@@ -217,7 +217,24 @@ def _quantization(cfg: Mapping[str, Any]) -> str | None:
         return "fp8"
     if method == "bitsandbytes":
         return "int4" if quant.get("load_in_4bit") else "int8"
+    if method == "mxfp4":  # gpt-oss: MoE experts in MXFP4, the rest in bf16 (modules_to_not_convert)
+        return "mxfp4"
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant)
     return None
+
+
+def _compressed_tensors(quant: Mapping[str, Any]) -> str | None:
+    """The weights' format of a compressed-tensors checkpoint (its first config group's weights)."""
+    groups = quant.get("config_groups")
+    first: Any = next(iter(groups.values()), None) if isinstance(groups, Mapping) else None
+    weights = first.get("weights") if isinstance(first, Mapping) else None
+    if not isinstance(weights, Mapping):
+        return None
+    bits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
+    if bits == 8:
+        return "fp8" if kind == "float" else "int8"
+    return "int4" if bits == 4 else None
 
 
 _MAX_LEN_KEYS = (

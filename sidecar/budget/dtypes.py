@@ -18,6 +18,9 @@ from sidecar.errors import UsageError
 INT4_EFFECTIVE_BYTES: Final = 0.55
 """Bytes per int4 parameter including quantisation scales (the seed's 0.55 estimate)."""
 
+MXFP4_BYTES: Final = 4.25 / 8
+"""MXFP4: 4-bit elements plus one 8-bit scale per 32 (OCP Microscaling), as gpt-oss ships its experts."""
+
 WEIGHT_DTYPES: Final[dict[str, float]] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -25,8 +28,11 @@ WEIGHT_DTYPES: Final[dict[str, float]] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": INT4_EFFECTIVE_BYTES,
+    "mxfp4": MXFP4_BYTES,  # of the MoE experts; the other weights stay bf16 (see the ledger)
 }
 """Bytes per parameter for each weight dtype the planner accepts."""
+FLOAT_DTYPES: Final = frozenset({"fp32", "bf16", "fp16"})
+"""Weight dtypes vLLM also stores the KV cache in when ``--kv-cache-dtype auto`` (``--dtype``)."""
 
 KV_DTYPES: Final[dict[str, float]] = {
     "bf16": 2.0,

@@ -46,16 +46,21 @@ from enum import StrEnum
 from typing import Final
 
 from sidecar.budget.architecture import Architecture, LayerKind
-from sidecar.budget.dtypes import KV_DTYPES, kv_bytes_per_element, normalise_dtype, weight_bytes_per_param
-from sidecar.budget.parameters import parameter_count
+from sidecar.budget.dtypes import (
+    FLOAT_DTYPES,
+    KV_DTYPES,
+    WEIGHT_DTYPES,
+    kv_bytes_per_element,
+    normalise_dtype,
+    weight_bytes_per_param,
+)
+from sidecar.budget.parameters import expert_parameter_count, parameter_count
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
-from sidecar.units import GIB, MIB
+from sidecar.units import GIB
 
 DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
-DEFAULT_NON_TORCH_BYTES: Final = 512 * MIB
-"""Memory vLLM measures outside PyTorch's allocator on one GPU (CUDA context, NCCL, cuBLAS)."""
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
 TIGHT_HEADROOM_FRACTION: Final = 0.10
@@ -91,7 +96,7 @@ class PlanRequest:
     max_num_batched_tokens: int | None = None
     activation_bytes: int | None = None
     overhead_bytes: int = DEFAULT_OVERHEAD_BYTES
-    non_torch_bytes: int = DEFAULT_NON_TORCH_BYTES
+    non_torch_bytes: int | None = None  # None: the release's figure for this TP size
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes: the pool, not derived
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
@@ -219,9 +224,21 @@ class Ledger:
         return self.gpu_memory_bytes - self.total_bytes
 
 
+def _weight_bytes(request: PlanRequest, params: int) -> float:
+    dtype = request.effective_weight_dtype
+    if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
+        experts = expert_parameter_count(request.architecture)
+        return experts * weight_bytes_per_param("mxfp4") + (params - experts) * weight_bytes_per_param("bf16")
+    return params * weight_bytes_per_param(dtype)
+
+
 def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
     arch = request.architecture
-    element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
+    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
+    if normalise_dtype(request.kv_cache_dtype) == "auto" and served in FLOAT_DTYPES:
+        element = WEIGHT_DTYPES[served]  # --dtype float32: the KV cache is float32 too
+    else:
+        element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
     return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
 
 
@@ -292,9 +309,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
     per_sequence = sum(per_layer * _tokens_held(kind, arch.sliding_window, length) for kind in kinds)
     params = parameter_count(arch)
-    weights = round(
-        params * weight_bytes_per_param(request.effective_weight_dtype) / request.tensor_parallel_size
-    )
+    weights = round(_weight_bytes(request, params) / request.tensor_parallel_size)
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
     total = weights + round(kv_total) + activation + request.overhead_bytes
@@ -304,7 +319,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
         "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
         "weights": weights,
         "activation": activation,
-        "non_torch": request.non_torch_bytes,
+        "non_torch": request.release.non_torch_bytes(request.tensor_parallel_size)
+        if request.non_torch_bytes is None
+        else request.non_torch_bytes,
         "cuda_graphs": request.effective_cuda_graph_bytes,
     }
     requested = profile.pop("requested")

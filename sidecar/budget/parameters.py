@@ -71,3 +71,12 @@ def computed_parameter_count(arch: Architecture) -> int:
 def parameter_count(arch: Architecture) -> int:
     """The measured parameter count when the weight files gave one, else the computed one."""
     return arch.parameter_count if arch.parameter_count is not None else computed_parameter_count(arch)
+
+
+def expert_parameter_count(arch: Architecture) -> int:
+    """Parameters of the routed MoE experts (the part MXFP4 checkpoints quantise), 0 for dense models."""
+    moe = arch.moe
+    if moe is None:
+        return 0
+    per_layer = moe.num_experts * _GATED_MLP_MATRICES * arch.hidden_size * moe.expert_intermediate_size
+    return per_layer * (arch.num_layers - moe.dense_layers)

@@ -25,7 +25,11 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   ``max_num_batched_tokens`` / ``max_num_seqs`` are 8192 / 1024 on GPUs of at least 70 GiB (from 0.9.0:
   other than A100s), 16384 / 1024 from 0.28.0 on GPUs of at least 160 GiB, else 2048 / 256; from 0.12.0,
   when left unset, the tokens are capped at ``max_num_seqs x max_model_len`` and the sequences at the tokens.
-  They size the profile's dummy batch (the activation peak) and the sampler's rows.
+  They size the profile's dummy batch (the activation peak) and the sampler's rows. Before 0.8 (the V0
+  engine's ``SchedulerConfig``) the batch is ``max(max_model_len, 2048)`` tokens unless chunked prefill
+  is on (automatically above 32K), over 256 sequences.
+* **Non-torch memory** grows by about 2.5 GiB per GPU at TP >= 2 from 0.11 (a figure measured on the
+  calibration table, not read in source: :data:`TENSOR_PARALLEL_NON_TORCH_BYTES`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ from sidecar.units import GIB, MIB
 
 NEWEST_MODELLED: Final = "0.32.0"
 """The newest vLLM release whose start-up rules were read (the default when the engine cannot say)."""
+NON_TORCH_BYTES: Final = 512 * MIB
+"""Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces)."""
+TENSOR_PARALLEL_NON_TORCH_BYTES: Final = 5 * GIB // 2
+"""What TP >= 2 adds from 0.11 (communication buffers allocated during the profile): the gap between the
+calibration table's TP 2 and TP 4 rows of vLLM 0.19 on H100 (2.4-2.8 GiB) and its TP 1 rows (within 1%)."""
 DEFAULT_CUDA_GRAPH_BYTES: Final = 512 * MIB
 """CUDA-graph memory when not measured: about the median estimate in the calibration logs (0.3-0.65 GiB)."""
 
@@ -73,12 +82,19 @@ class VllmRelease:
         """0.92 from 0.20.0, else 0.9."""
         return 0.92 if self.at_least(20) else 0.9
 
+    def non_torch_bytes(self, tensor_parallel_size: int) -> int:
+        """Non-torch growth in the profile on one GPU: :data:`NON_TORCH_BYTES`, more at TP >= 2 from 0.11."""
+        extra = TENSOR_PARALLEL_NON_TORCH_BYTES if tensor_parallel_size > 1 and self.at_least(11) else 0
+        return NON_TORCH_BYTES + extra
+
     def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
         """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""
         return self.at_least(20) and not enforce_eager
 
     def batch_defaults(self, gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> tuple[int, int]:
         """``vllm serve``'s ``(max_num_batched_tokens, max_num_seqs)`` when neither flag is given."""
+        if not self.at_least(8):  # the V0 engine: chunked prefill only above 32K, else one whole prompt
+            return (max(max_model_len, 2048) if max_model_len <= 32768 else 2048), 256
         if self.at_least(28) and gpu_memory_bytes >= 160 * GIB:
             tokens, seqs = 16384, 1024
         elif gpu_memory_bytes >= 70 * GIB and (not self.at_least(9) or "a100" not in gpu_name.lower()):

@@ -126,3 +126,33 @@ def test_a_text_config_without_vocab_size_takes_transformers_default() -> None:
     arch = architecture_from_config(config)
     assert arch.vocab_size == 262_208
     build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=8192))
+
+
+@pytest.mark.parametrize(
+    ("name", "quantization"),
+    [
+        ("ibm-granite--granite-3.3-8b-instruct-FP8.json", "fp8"),  # compressed-tensors, float 8-bit weights
+        ("openai--gpt-oss-20b.json", "mxfp4"),
+        ("Qwen--Qwen2.5-14B-Instruct-AWQ.json", "int4"),
+        ("Qwen--Qwen3-32B-FP8.json", "fp8"),
+        ("meta-llama--Llama-3.1-8B-Instruct.json", None),
+    ],
+)
+def test_quantised_checkpoints_are_recognised(name: str, quantization: str | None) -> None:
+    assert load(name).quantization == quantization
+
+
+def test_mxfp4_quantises_only_the_experts() -> None:
+    arch = load("openai--gpt-oss-20b.json")
+    ledger = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192))
+    bf16 = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192, weight_dtype="bf16"))
+    experts = 24 * 32 * 3 * 2880 * 2880  # layers x experts x (gate, up, down) x hidden x expert width
+    expected = experts * 4.25 / 8 + (parameter_count(arch) - experts) * 2
+    assert ledger.weights_bytes == round(expected)
+    assert ledger.weights_bytes < bf16.weights_bytes / 2.5
+
+
+def test_float32_serving_keeps_the_kv_cache_in_float32() -> None:
+    arch = load("meta-llama--Llama-3.1-8B-Instruct.json")
+    fp32 = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192, weight_dtype="fp32"))
+    assert fp32.kv_bytes_per_token == 2 * 32 * 8 * 128 * 4

@@ -1,0 +1,122 @@
+"""The prediction against real vLLM start-up logs: per-row error of the KV pool and of the maximum concurrency.
+
+``tests/data/vllm-startup-logs/calibration.json`` holds real logs from public sources (provenance in its
+README). Each row whose inputs are known is planned with exactly the settings the log states (release, GPU
+memory, TP, ``max_model_len``, dtypes, utilisation, batch flags, eager) and compared with what that vLLM
+printed: "KV cache size: N tokens" and "Maximum concurrency for L tokens per request". The summary is printed
+(``pytest -s``) and bounded, so a change that makes predictions worse fails here; README states the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.budget import PlanRequest, architecture_from_config, build_ledger
+from sidecar.budget.architecture import LayerKind
+from sidecar.budget.vllm_release import VllmRelease
+from sidecar.units import GIB
+
+DATA = Path(__file__).parents[1] / "data"
+ROWS: list[dict[str, Any]] = json.loads((DATA / "vllm-startup-logs" / "calibration.json").read_text())
+BOUNDS = {"median": 0.015, "p90": 0.20, "worst": 2.0}
+"""Today's figures, rounded up: a change that makes predictions worse fails. The targets (3%, 10%, 20%) are
+met for the median only; the README lists the rows beyond them and why (issue 12 stays open for them)."""
+
+
+def excluded(row: dict[str, Any]) -> str | None:
+    """Why a row cannot be planned from what its log states, or ``None``."""
+    if not row.get("config"):
+        return "the model's config.json is not in the corpus"
+    if not row.get("kv_cache_tokens") or not row.get("gpu_memory_gib"):
+        return "the log lacks the KV size or the GPU memory"
+    if not row.get("max_model_len"):
+        return "the log lacks max_model_len"
+    if (row.get("pipeline_parallel_size") or 1) > 1 or (row.get("data_parallel_size") or 1) > 1:
+        return "pipeline or data parallel: the log's figure is one stage's or the engines' sum"
+    return None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One row's prediction next to the log."""
+
+    id: str
+    tokens: int
+    logged_tokens: int
+    concurrency: float
+    logged_concurrency: float | None
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the KV pool in tokens."""
+        return (self.tokens - self.logged_tokens) / self.logged_tokens
+
+
+def predict(row: dict[str, Any]) -> Prediction:
+    """Plan ``row`` with the settings its log states."""
+    arch = architecture_from_config(json.loads((DATA / "hf-configs" / row["config"]).read_text()))
+    release = VllmRelease.parse(row["vllm_version"] or "0.32.0")
+    weight = (
+        "fp32" if row.get("dtype") == "float32" else ("fp8" if row.get("quantization") == "fp8" else None)
+    )
+    request = PlanRequest(
+        arch, round(row["gpu_memory_gib"] * GIB), gpu=row.get("gpu") or "custom",
+        max_model_len=row["max_model_len"], tensor_parallel_size=row.get("tensor_parallel_size") or 1,
+        kv_cache_dtype=row.get("kv_cache_dtype") or "auto", weight_dtype=weight,
+        gpu_memory_utilization=row.get("gpu_memory_utilization"), vllm_version=str(release),
+        enforce_eager=bool(row.get("enforce_eager")), max_num_batched_tokens=row.get("max_num_batched_tokens"),
+        max_num_seqs=row.get("max_num_seqs"), block_size=row.get("block_size") or 16,
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    tokens = ledger.kv_pool_tokens
+    if (
+        release.at_least(22) and LayerKind.SLIDING in arch.layer_kinds
+    ):  # logged as concurrency x length (0.22+)
+        tokens = int(ledger.max_concurrency * request.effective_max_model_len)
+    return Prediction(
+        row["id"], tokens, row["kv_cache_tokens"], ledger.max_concurrency, row.get("max_concurrency")
+    )
+
+
+PLANNED = [r for r in ROWS if excluded(r) is None]
+
+
+def test_the_table_is_large_enough_and_says_why_rows_are_left_out() -> None:
+    assert len(ROWS) >= 25
+    assert len(PLANNED) >= 25
+    assert all(excluded(r) for r in ROWS if r not in PLANNED)
+
+
+def test_pool_and_concurrency_errors_are_bounded() -> None:
+    predictions = [predict(r) for r in PLANNED]
+    errors = sorted(abs(p.error) for p in predictions)
+    concurrency = sorted(
+        abs(p.concurrency - p.logged_concurrency) / p.logged_concurrency
+        for p in predictions
+        if p.logged_concurrency
+    )
+    summary = {}
+    for name, values in (("pool", errors), ("concurrency", concurrency)):
+        summary[name] = {
+            "rows": len(values),
+            "median": statistics.median(values),
+            "p90": values[max(0, round(0.9 * len(values)) - 1)],
+            "worst": values[-1],
+        }
+    for p in predictions:
+        print(f"{p.id:<44} predicted {p.tokens:>10,}  logged {p.logged_tokens:>10,}  {p.error:+.1%}")
+    print(json.dumps(summary, indent=1))
+    for name in ("pool", "concurrency"):
+        for statistic, bound in BOUNDS.items():
+            assert summary[name][statistic] <= bound, (name, statistic, summary[name])
+
+
+@pytest.mark.parametrize("row", PLANNED, ids=[r["id"] for r in PLANNED])
+def test_every_planned_row_predicts_a_pool(row: dict[str, Any]) -> None:
+    assert predict(row).tokens > 0
