@@ -21,7 +21,7 @@ def test_short_soak_with_pressure_cycles(tmp_path: Path) -> None:
             "-m",
             "bench.soak",
             "--seconds",
-            "30",  # the first quarter is warm-up: 7.5 s lets the allocator settle before the baseline
+            "45",  # the first 20 s are warm-up (bench/soak.py WARMUP_SECONDS); 25 s of load are measured
             "--cycle",
             "4",
             "--workers",
