@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from sidecar import __version__
 from sidecar.budget import (
@@ -27,257 +27,38 @@ from sidecar.budget import (
     resolve_model,
 )
 from sidecar.budget.catalog import ResolvedModel, resolve_model_source
-from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
-from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
+from sidecar.flags import (
+    Parser,
+    add_admission_flags,
+    add_deployment_flags,
+    add_engine_flags,
+    choice,
+    scrape_interval,
+)
 from sidecar.monitor.diagnose import MonitorSettings
-from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
+from sidecar.monitor.planning import PlanInputs
 from sidecar.units import (
-    parse_duration,
     parse_listen,
-    parse_memory,
-    parse_positive_int,
-    parse_ratio,
-    parse_size,
 )
 
 EXIT_USAGE = 2
 ENV_PREFIX = "KV_SIDECAR_"
-MIN_SCRAPE_INTERVAL = 0.05
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors become one-line usage errors."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in choices:
-            raise UsageError(f"invalid value {text!r}: use one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-def _vllm_version(text: str) -> str:
-    return str(VllmRelease.parse(text))
-
-
-def _kv_dtype(text: str) -> str:
-    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3`` and ``fp8_e5m2`` are both 1-byte FP8)."""
-    value = normalise_dtype(text)
-    if value not in {"auto", *KV_DTYPES}:
-        raise UsageError(
-            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)} or fp8_e4m3/fp8_e5m2"
-        )
-    return value
-
-
-def _scrape_interval(text: str) -> float:
-    value = parse_duration(text)
-    if value < MIN_SCRAPE_INTERVAL:
-        raise UsageError(f"invalid scrape interval {text!r}: the minimum is 50ms")
-    return value
-
-
-def _positive_duration(text: str) -> float:
-    value = parse_duration(text)
-    if value <= 0:
-        raise UsageError(f"invalid duration {text!r}: it must be greater than zero")
-    return value
-
-
-def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bool = False) -> None:
-    """Flags that describe the deployment: shared by ``plan``, ``run`` and ``check``.
-
-    With ``engine_fills_in`` (``run``, ``check``) the settings vLLM reports on its ``/metrics``
-    default to ``None``, so the engine's own value is used unless the flag is given.
-    """
-
-    def default(value: object) -> object:
-        return None if engine_fills_in else value
-
-    group = parser.add_argument_group("model and vLLM settings")
-    add = group.add_argument
-    add(
-        "--model",
-        help="Hugging Face id (read from the HF cache, else downloaded), model directory, config.json "
-        "or catalog id (qwen2.5-7b)",
-    )
-    add("--revision", help="the model's Hub revision, as vLLM's --revision: branch, tag or commit")
-    add(
-        "--gpu",
-        help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
-    )
-    add(
-        "--gpu-memory",
-        type=parse_memory,
-        help="GPU memory instead of --gpu: 24GiB (24G, 24Gi: the same, binary) or 80GB (10^9 bytes each)",
-    )
-    add(
-        "--weight-dtype",
-        type=_choice("bf16", "fp16", "fp8", "int8", "int4"),
-        help="default: the checkpoint's",
-    )
-    add(
-        "--kv-cache-dtype",
-        type=_kv_dtype,
-        default=default("auto"),
-        help="KV cache dtype: auto (the model's), bf16, fp16, fp8, int8, int4, or vLLM's spellings "
-        "(bfloat16, fp8_e4m3, fp8_e5m2, ...)",
-    )
-    add(
-        "--max-model-len",
-        type=parse_positive_int,
-        help="tokens per sequence (default: the model's or engine's)",
-    )
-    add("--concurrency", type=parse_positive_int, default=1, help="sequences that must fit at full length")
-    add(
-        "--gpu-memory-utilization",
-        type=parse_ratio,
-        help="vLLM's share of GPU memory (default: the release's, 0.92 from vLLM 0.20, else 0.9)",
-    )
-    add("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
-    add(
-        "--block-size",
-        type=parse_positive_int,
-        default=default(DEFAULT_BLOCK_SIZE),
-        help="tokens per KV block",
-    )
-    add(
-        "--vllm-version",
-        type=_vllm_version,
-        default=None if engine_fills_in else NEWEST_MODELLED,
-        help=f"the vLLM release whose defaults and profiling rules apply (default {NEWEST_MODELLED}"
-        + (", or what the engine's /version says)" if engine_fills_in else ")"),
-    )
-    add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
-    add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
-    add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
-    add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
-    add("--kv-cache-memory", type=parse_memory, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
-    add("--num-gpu-blocks-override", type=parse_positive_int, help="vLLM --num-gpu-blocks-override")
-    add("--activation-memory", type=parse_memory, help="activation peak (default 0.5GiB, or estimated)")
-    add(
-        "--overhead-memory", type=parse_memory, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB"
-    )
-
-
-def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine")
-    group.add_argument("--upstream", required=True, help="vLLM's base URL, e.g. http://127.0.0.1:8000")
-    group.add_argument(
-        "--scrape-timeout", type=_positive_duration, default=2.0, help="per scrape (default 2s)"
-    )
-    group.add_argument("--nvml", type=_choice("auto", "off"), default="auto", help="read GPUs through NVML")
-    group.add_argument(
-        "--sustain-window",
-        type=_positive_duration,
-        default=60.0,
-        help="how long 'sustained' is (default 60s)",
-    )
-    group.add_argument("--log-level", type=_choice("debug", "info", "warning", "error"), default="info")
-
-
-def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("admission (proxy)")
-    add = group.add_argument
-    add("--max-body-bytes", type=parse_size, default=16 * 1024 * 1024, help="request body limit (413 above)")
-    add("--body-timeout", type=_positive_duration, default=30.0, help="time to receive a request body (408)")
-    add(
-        "--pressure-threshold",
-        type=parse_ratio,
-        default=0.85,
-        help="KV usage that means pressure (default 0.85)",
-    )
-    add(
-        "--release-threshold",
-        type=parse_ratio,
-        default=0.80,
-        help="KV usage that ends pressure (default 0.80)",
-    )
-    add(
-        "--pressure-window",
-        type=_positive_duration,
-        default=5.0,
-        help="how long usage must hold (default 5s)",
-    )
-    add("--stale-after", type=_positive_duration, default=3.0, help="metrics older than this are stale")
-    add("--long-prompt-tokens", type=parse_positive_int, help="long-lane threshold (default max_model_len/2)")
-    add(
-        "--long-lane-concurrency",
-        type=parse_positive_int,
-        default=1,
-        help="long requests at once (default 1)",
-    )
-    add("--on-pressure", type=_choice("queue", "reject"), default="queue", help="long prompts under pressure")
-    add(
-        "--admission",
-        type=_choice("capacity", "lanes", "token-budget"),
-        default="capacity",
-        help="capacity (default: admit what fits the KV pool, block-exactly), lanes (the seeds' long lane), "
-        "token-budget (reserve prompt + max_tokens)",
-    )
-    add(
-        "--output-quantile",
-        type=parse_ratio,
-        default=0.95,
-        help="capacity: expected output = this quantile of observed answer lengths per route and model "
-        "(default 0.95)",
-    )
-    add("--queue-max-entries", type=parse_positive_int, default=1024, help="per lane (default 1024)")
-    add("--queue-max-tokens", type=parse_positive_int, default=4_000_000, help="per lane (default 4M)")
-    add(
-        "--queue-timeout",
-        type=_positive_duration,
-        default=30.0,
-        help="longest wait in the queue (default 30s)",
-    )
-    add(
-        "--drain-timeout",
-        type=_positive_duration,
-        default=30.0,
-        help="time for in-flight requests on SIGTERM",
-    )
-    add(
-        "--tenant-header", default="X-Tenant-Id", help="header naming the tenant (else a hash of the API key)"
-    )
-    add(
-        "--upstream-timeout",
-        type=_positive_duration,
-        default=900.0,
-        help="longest silence from vLLM (504 after)",
-    )
-    add(
-        "--model-retry",
-        type=_positive_duration,
-        default=MODEL_RETRY_SECONDS,
-        help="how often to try again a --model that did not resolve (default %(default)ss)",
-    )
-    add(
-        "--admin-token",
-        help="bearer token for the admin endpoints but the probes (prefer KV_SIDECAR_ADMIN_TOKEN)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``kv-sidecar`` argument parser."""
-    parser = _Parser(prog="kv-sidecar", description="Keep vLLM's KV cache out of the red.")
+    parser = Parser(prog="kv-sidecar", description="Keep vLLM's KV cache out of the red.")
     parser.add_argument("--version", action="version", version=f"kv-sidecar {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     plan = commands.add_parser("plan", help="predict the memory budget of a deployment")
     add_deployment_flags(plan)
-    plan.add_argument("--format", type=_choice("table", "json"), default="table", help="output format")
+    plan.add_argument("--format", type=choice("table", "json"), default="table", help="output format")
     plan.set_defaults(handler=_cmd_plan)
 
     run = commands.add_parser("run", help="the admission proxy and the monitor, in front of vLLM")
-    _add_engine_flags(run)
+    add_engine_flags(run)
     everywhere = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
     run.add_argument(
         "--listen", type=parse_listen, default=(everywhere, 9000), help="client traffic (host:port)"
@@ -289,20 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-proxy", action="store_true", help="run the monitor alone, without the admission proxy"
     )
     run.add_argument(
-        "--scrape-interval", type=_scrape_interval, default=0.1, help="default 100ms (minimum 50ms)"
+        "--scrape-interval", type=scrape_interval, default=0.1, help="default 100ms (minimum 50ms)"
     )
     run.add_argument(
-        "--stale-policy", type=_choice("open", "closed"), default="open", help="when metrics are stale"
+        "--stale-policy", type=choice("open", "closed"), default="open", help="when metrics are stale"
     )
-    _add_admission_flags(run)
+    add_admission_flags(run)
     add_deployment_flags(run, engine_fills_in=True)
     run.set_defaults(handler=_cmd_run)
 
     check = commands.add_parser(
         "check", help="one scrape, compared with the prediction; non-zero exit if wrong"
     )
-    _add_engine_flags(check)
-    check.add_argument("--format", type=_choice("table", "json"), default="table", help="output format")
+    add_engine_flags(check)
+    check.add_argument("--format", type=choice("table", "json"), default="table", help="output format")
     add_deployment_flags(check, engine_fills_in=True)
     check.set_defaults(handler=_cmd_check)
     return parser
@@ -484,38 +265,59 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return asyncio.run(run_check(args, inputs, monitor_settings_from_args(args, inputs)))
 
 
-def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+SCRIPT_VARIABLES = frozenset({"KV_SIDECAR_CACHE", "KV_SIDECAR_VLLM_VENV", "KV_SIDECAR_TRANSFORMERS_VERSION"})
+"""``KV_SIDECAR_*`` variables the project's scripts read (scripts/install-vllm), not flags."""
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off", ""})
+
+
+def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> set[str]:
     """Make ``KV_SIDECAR_<FLAG>`` variables the defaults of the matching flags (recursively).
 
-    argparse has no public API to enumerate actions, so this reads ``_actions`` (stable since 2.7).
+    Returns the variable names that name a flag somewhere. A boolean flag's variable must read as
+    true (``1``, ``true``, ``yes``, ``on``) or false (``0``, ``false``, ``no``, ``off``, empty); anything
+    else is an error rather than a silent false. argparse has no public API to enumerate actions, so
+    this reads ``_actions`` (stable since Python 2.7).
     """
+    known: set[str] = set()
     for action in parser._actions:  # noqa: SLF001
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             for sub in action.choices.values():
-                _apply_environment(sub, environ)
+                known |= _apply_environment(sub, environ)
             continue
         long_flags = [s for s in action.option_strings if s.startswith("--")]
         if not long_flags or action.dest in {"help", "version"}:
             continue
         name = ENV_PREFIX + long_flags[0][2:].upper().replace("-", "_")
+        known.add(name)
         if name not in environ:
             continue
         raw = environ[name]
         if isinstance(action, argparse._StoreTrueAction):  # noqa: SLF001
-            action.default = raw.strip().lower() in {"1", "true", "yes", "on"}
+            value = raw.strip().lower()
+            if value not in _TRUE | _FALSE:
+                raise UsageError(f"{name}={raw!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")
+            action.default = value in _TRUE
             continue
         action.required = False
         try:
             action.default = action.type(raw) if callable(action.type) else raw
         except KvSidecarError as exc:
             raise UsageError(f"{name}: {exc}") from None
+    return known
+
+
+def _warn_unknown_variables(known: set[str], environ: Mapping[str, str]) -> None:
+    """One line on stderr for each ``KV_SIDECAR_*`` variable that names no flag (a typo, a removed flag)."""
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known | SCRIPT_VARIABLES):
+        print(f"kv-sidecar: warning: {name} names no flag; ignored", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     try:
-        _apply_environment(parser, os.environ if environ is None else environ)
+        variables = os.environ if environ is None else environ
+        _warn_unknown_variables(_apply_environment(parser, variables), variables)
         args = parser.parse_args(argv)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)

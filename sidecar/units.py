@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 
 from sidecar.errors import UsageError
 
@@ -66,6 +67,24 @@ def parse_memory(text: str) -> int:
     if match is not None and not match.group(2) and value < MIB:
         raise UsageError(f"invalid size {text!r}: a bare number is bytes; write the unit: {text.strip()}GiB")
     return value
+
+
+def parse_upstream(text: str) -> str:
+    """VLLM's base URL: a scheme and a host, no ``/v1`` (the OpenAI base URL), no query; no trailing slash."""
+    url = urllib.parse.urlsplit(text.strip())
+    if url.scheme not in {"http", "https"} or not url.netloc:
+        raise UsageError(
+            f"invalid --upstream {text!r}: give vLLM's URL with its scheme, e.g. http://127.0.0.1:8000"
+        )
+    path = url.path.rstrip("/")
+    if path.endswith("/v1"):
+        root = f"{url.scheme}://{url.netloc}{path.removesuffix('/v1')}"
+        raise UsageError(
+            f"--upstream {text!r} is the OpenAI base URL: give vLLM's root, {root} (paths keep their /v1)"
+        )
+    if url.query or url.fragment:
+        raise UsageError(f"invalid --upstream {text!r}: no query or fragment, just vLLM's URL")
+    return f"{url.scheme}://{url.netloc}{path}"
 
 
 def parse_duration(text: str) -> float:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView, blocks_for
+from sidecar.admission.capacity import PoolView
 from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
@@ -48,20 +48,17 @@ from sidecar.admission.decide import (
 )
 from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
 from sidecar.admission.order import pick_next, urgency
-from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError
-from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError, reason_message
+from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.parity import engine_refusal
 from sidecar.admission.planner import CapacityPlanner
-from sidecar.admission.pressure import PressureDetector, PressureState, Staleness
+from sidecar.admission.pressure import ConcurrencyCap, PressureDetector, PressureState, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry
 from sidecar.admission.retry import (
     ServiceStats,
-    clamp_retry_after,
-    pressure_wait_estimate,
-    queue_wait_estimate,
-    usage_fall_rate,
 )
 from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, token_reservation
+from sidecar.admission.waits import WaitAdvisor
 
 __all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
 
@@ -106,11 +103,11 @@ class AdmissionController:
         self.inflight: dict[Lane, int] = dict.fromkeys(Lane, 0)
         self.reserved_tokens = 0
         self.stats: dict[Lane, ServiceStats] = {lane: ServiceStats() for lane in Lane}
-        self.concurrency_cap: int | None = None
-        self._cap_changed_at = 0.0
+        self.cap = ConcurrencyCap()
         self._policy: AdmissionMode | None = None
         self._observed = False
         self.draining = False
+        self.waits = WaitAdvisor(self)
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -139,15 +136,6 @@ class AdmissionController:
             if self._on_policy is not None:
                 self._on_policy(effective, why)
         return effective
-
-    @property
-    def outputs(self) -> OutputLengths:
-        """The learned answer lengths."""
-        return self.planner.outputs
-
-    def block_figures(self, now: float) -> dict[str, int]:
-        """Pool, planned and unexplained blocks (empty while no pool is known)."""
-        return self.planner.block_figures(now)
 
     @property
     def total_inflight(self) -> int:
@@ -186,46 +174,13 @@ class AdmissionController:
             ),
         )
 
-    # -- Retry-After -------------------------------------------------------------------------------
+    # -- waits: Retry-After and shedding (sidecar.admission.waits) ----
 
     def retry_after(
         self, reason: Reason, lane: Lane, position: int | None = None, own_blocks: int = 0
     ) -> int:
-        """The ``Retry-After`` seconds for a refusal (see :mod:`sidecar.admission.retry`)."""
-        settings = self.detector.settings
-        now = self._clock()
-        if reason is Reason.KV_PRESSURE:
-            estimate = pressure_wait_estimate(
-                self.detector.last_usage,
-                usage_fall_rate(self._kv_samples(), now),
-                settings.release_threshold,
-                settings.window,
-                self.stats[Lane.LONG],
-            )
-            return clamp_retry_after(estimate)
-        queue = self.queues[lane]
-        ahead = len(queue) if position is None else position
-        pool = self._pool()
-        if self.policy() is AdmissionMode.CAPACITY and pool is not None:
-            queued_tokens = queue.tokens + (self.queues[Lane.SHORT].tokens if lane is Lane.LONG else 0)
-            queued = len(queue) + (len(self.queues[Lane.SHORT]) if lane is Lane.LONG else 0)
-            share = ahead / len(queue) if len(queue) else 0.0
-            blocks_ahead = blocks_for(round(queued_tokens * share if queued else 0), pool.block_size)
-            capacity = self.planner.retry_estimate(blocks_ahead, own_blocks, now)
-            if capacity is not None:
-                return clamp_retry_after(capacity)
-        concurrency = self.config.long_lane_concurrency if lane is Lane.LONG else max(1, self.inflight[lane])
-        return clamp_retry_after(
-            queue_wait_estimate(ahead, concurrency, self.stats[lane], 2 * settings.window)
-        )
-
-    def _retry_for(self, reason: Reason, waiter: Waiter, position: int | None = None) -> int | None:
-        if reason in {Reason.KV_PRESSURE, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT}:
-            own = self.planner.added_blocks(waiter.facts, waiter.hashes)
-            return self.retry_after(reason, waiter.lane, position, own)
-        if reason is Reason.DRAINING:
-            return clamp_retry_after(self.detector.settings.window)
-        return None
+        """The ``Retry-After`` seconds for a refusal (see :mod:`sidecar.admission.waits`)."""
+        return self.waits.retry_after(reason, lane, position, own_blocks)
 
     # -- admission ---------------------------------------------------------------------------------
 
@@ -277,10 +232,13 @@ class AdmissionController:
                 raise refusal
             raise RefusedError(
                 decision.reason,
-                _message(decision.reason),
-                retry_after=self._retry_for(decision.reason, waiter),
+                reason_message(decision.reason),
+                retry_after=self.waits.retry_for(decision.reason, waiter),
             )
-        if self.policy() is AdmissionMode.CAPACITY and (shed := self._shed(waiter, wait_limit)) is not None:
+        if (
+            self.policy() is AdmissionMode.CAPACITY
+            and (shed := self.waits.shed(waiter, wait_limit)) is not None
+        ):
             self.count(Outcome.REFUSED, shed.reason, waiter.lane)
             raise shed
         return await self._wait(waiter, tenant, priority, wait_limit)
@@ -304,7 +262,7 @@ class AdmissionController:
             raise DroppedError(
                 Reason.QUEUE_TIMEOUT,
                 f"waited {wait_limit:g}s in the {waiter.lane.value} lane's queue for room in the KV cache",
-                retry_after=self._retry_for(Reason.QUEUE_TIMEOUT, waiter, position),
+                retry_after=self.waits.retry_for(Reason.QUEUE_TIMEOUT, waiter, position),
             ) from None
         except asyncio.CancelledError:  # the caller counts the cancellation (it knows the whole request)
             if queue.remove(entry):
@@ -327,40 +285,15 @@ class AdmissionController:
         """The entry to try next: the head, or under ``capacity`` the most urgent of the next few."""
         if self.policy() is not AdmissionMode.CAPACITY:
             return queue.peek()
-        return pick_next(queue.next_tenant_entries(), lambda e: self._urgency(e.payload, now))
+        return pick_next(queue.next_tenant_entries(), lambda e: self.urgency(e.payload, now))
 
-    def _oldest_wait(self, now: float) -> float:
-        heads = [q.peek() for q in self.queues.values()]
-        return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
-
-    def _urgency(self, waiter: Waiter, now: float) -> float:
+    def urgency(self, waiter: Waiter, now: float) -> float:
+        """The waiter's place in the urgency order (lower goes first): see :mod:`sidecar.admission.order`."""
         return urgency(self.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
 
-    def _shed(self, waiter: Waiter, wait_limit: float) -> RefusedError | None:
-        """Under ``capacity``: a 429 now when what is ahead cannot be served within ``wait_limit``.
-
-        Only while the queue is not draining: its oldest request has waited half its limit already.
-        """
-        now = self._clock()
-        if not self.planner.known() or self._oldest_wait(now) < wait_limit / 2:
-            return None
-        mine = self._urgency(waiter, now)
-        lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
-        ahead = [
-            (e.payload.facts, e.payload.hashes)
-            for lane in lanes
-            for e in self.queues[lane].peek_many(len(self.queues[lane]))
-            if self._urgency(e.payload, now) <= mine
-        ]
-        estimate = self.planner.queue_wait(ahead, (waiter.facts, waiter.hashes), now)
-        if estimate is None or estimate <= wait_limit:
-            return None
-        return RefusedError(
-            Reason.QUEUE_FULL,
-            f"the queue ahead of this request would take about {estimate:.0f}s to serve, "
-            f"more than its {wait_limit:g}s wait limit; retry later",
-            retry_after=clamp_retry_after(estimate),
-        )
+    def kv_samples(self) -> list[tuple[float, float]]:
+        """Recent ``(time, KV usage)`` samples from the monitor's history."""
+        return self._kv_samples()
 
     def _dispatch_lane(self, lane: Lane) -> bool:
         """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
@@ -439,22 +372,15 @@ class AdmissionController:
         self.dispatch()
 
     def _update_cap(self, now: float) -> None:
-        if (
-            self.policy() is not AdmissionMode.CAPACITY
-            or self.pressure_state(now) is not PressureState.PRESSURE
-        ):
-            self.concurrency_cap = None
-            return
-        settings = self.detector.settings
-        if self.concurrency_cap is None:
-            self.concurrency_cap = max(1, self.total_inflight - 1)
-            self._cap_changed_at = now
-        elif (
-            now - self._cap_changed_at >= settings.window
-            and (self.detector.last_usage or 0.0) >= settings.release_threshold
-        ):
-            self.concurrency_cap = max(1, self.concurrency_cap - 1)
-            self._cap_changed_at = now
+        pressure = (
+            self.policy() is AdmissionMode.CAPACITY and self.pressure_state(now) is PressureState.PRESSURE
+        )
+        self.cap.update(now, pressure=pressure, inflight=self.total_inflight, detector=self.detector)
+
+    @property
+    def concurrency_cap(self) -> int | None:
+        """Requests let in at once under sustained pressure (``None``: no cap)."""
+        return self.cap.value
 
     def start_drain(self) -> None:
         """Refuse new requests and let every queued one go with 503 ``draining``."""
@@ -469,18 +395,6 @@ class AdmissionController:
                     DroppedError(
                         Reason.DRAINING,
                         "the sidecar is shutting down",
-                        retry_after=self._retry_for(Reason.DRAINING, waiter),
+                        retry_after=self.waits.retry_for(Reason.DRAINING, waiter),
                     )
                 )
-
-
-def _message(reason: Reason) -> str:
-    if reason is Reason.KV_PRESSURE:
-        return (
-            "the KV cache has been above its pressure threshold; long prompts are refused until it recovers"
-        )
-    if reason is Reason.QUEUE_FULL:
-        return "the admission queue is full; retry later"
-    if reason is Reason.DRAINING:
-        return "the sidecar is shutting down; retry on another replica"
-    return reason.value

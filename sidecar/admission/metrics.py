@@ -103,7 +103,7 @@ class AdmissionCollector(Collector):
             "unexplained (in use by the engine beyond the plan).",
             labels=["kind"],
         )
-        for kind, value in controller.block_figures(now).items():
+        for kind, value in controller.planner.block_figures(now).items():
             blocks.add_metric([kind], float(value))
         cap = GaugeMetricFamily(
             "kv_sidecar_concurrency_cap",

@@ -121,3 +121,16 @@ class DroppedError(AdmissionError):
     """Let go after waiting in the queue (wait limit reached, or the sidecar is draining)."""
 
     outcome = Outcome.DROPPED
+
+
+def reason_message(reason: Reason) -> str:
+    """The one-line message of a refusal the controller decides itself."""
+    if reason is Reason.KV_PRESSURE:
+        return (
+            "the KV cache has been above its pressure threshold; long prompts are refused until it recovers"
+        )
+    if reason is Reason.QUEUE_FULL:
+        return "the admission queue is full; retry later"
+    if reason is Reason.DRAINING:
+        return "the sidecar is shutting down; retry on another replica"
+    return reason.value

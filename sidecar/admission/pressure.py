@@ -122,3 +122,29 @@ class PressureDetector:
         if stale:
             return PressureState.PRESSURE if policy is StaleMode.CLOSED else PressureState.NORMAL
         return self.state
+
+
+@dataclass(slots=True)
+class ConcurrencyCap:
+    """The seeds' rule under sustained pressure: lower the concurrency one step and let requests queue.
+
+    Entering pressure caps admission one below what is in flight; each pressure window the usage stays at
+    or above the release threshold lowers the cap one more step (never below one); leaving pressure lifts it.
+    """
+
+    value: int | None = None
+    changed_at: float = 0.0
+
+    def update(self, now: float, *, pressure: bool, inflight: int, detector: PressureDetector) -> None:
+        """Move the cap for the state at ``now``."""
+        if not pressure:
+            self.value = None
+            return
+        settings = detector.settings
+        if self.value is None:
+            self.value, self.changed_at = max(1, inflight - 1), now
+        elif (
+            now - self.changed_at >= settings.window
+            and (detector.last_usage or 0.0) >= settings.release_threshold
+        ):
+            self.value, self.changed_at = max(1, self.value - 1), now

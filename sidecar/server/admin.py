@@ -5,8 +5,10 @@ With ``--admin-token`` every endpoint but the probes (``/healthz``, ``/readyz``)
 ``KV_SIDECAR_ADMIN_TOKEN`` environment variable rather than the command line, where ``ps`` shows it.
 
 It runs on its own port, apart from client traffic. ``/readyz`` answers 200 while the sidecar can
-serve: not draining, and the engine reachable (or the stale policy is ``open``, so the sidecar
-passes traffic through even when it cannot see the engine). Handlers only read the monitor.
+serve: not draining, the engine reachable (or the stale policy is ``open``, so the sidecar passes
+traffic through even when it cannot see the engine), and the upstream's ``/metrics`` a vLLM page
+(503 ``upstream-not-vllm`` otherwise: ``--upstream`` points at another service). Handlers only read
+the monitor.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def admission_document(controller: AdmissionController) -> dict[str, Any]:
             "transitions": detector.transitions,
             "concurrency_cap": controller.concurrency_cap,
         },
-        "kv_blocks": controller.block_figures(now),
-        "output_bounds": controller.outputs.bounds(),
+        "kv_blocks": controller.planner.block_figures(now),
+        "output_bounds": controller.planner.outputs.bounds(),
         "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
         "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},
         "inflight": {lane.value: count for lane, count in controller.inflight.items()},
@@ -158,6 +160,9 @@ def build_admin_app(  # noqa: PLR0917 - the app's collaborators, each passed exp
         stale = lifecycle.staleness.is_stale(engine.up, engine.metrics_age(clock()))
         if stale and lifecycle.staleness.policy is StaleMode.CLOSED:
             return web.json_response({"ready": False, "reason": "engine-unavailable"}, status=503)
+        if engine.up and engine.snapshot is not None and engine.snapshot.kv_usage_metric is None:
+            # it answers /metrics, but not with vLLM's page: --upstream points at something else
+            return web.json_response({"ready": False, "reason": "upstream-not-vllm"}, status=503)
         return web.json_response({"ready": True, "engine_up": bool(monitor.engine.up)})
 
     async def budget(_: web.Request) -> web.Response:

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Histogram
 from structlog.typing import FilteringBoundLogger
 
@@ -34,25 +31,12 @@ from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, Re
 from sidecar.admission.tokens import TokenCounter
 from sidecar.errors import KvSidecarError
 from sidecar.server.admin import Lifecycle
+from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.units import MIB, parse_duration
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 """Routes whose requests occupy KV cache and go through admission."""
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 OFFLOAD_BODY_BYTES = 64 * 1024
 """Bodies at least this large are decoded and counted in a worker thread (the estimator: ~10 us per KB)."""
 OFFLOAD_EXACT_BODY_BYTES = 4 * 1024
@@ -119,92 +103,8 @@ class ProxyMetrics:
             self.ttfb.labels(lane=lane)
 
 
-def error_response(error: AdmissionError) -> web.Response:
-    """The OpenAI-style error body with ``X-KV-Sidecar-Reason`` and, where it applies, ``Retry-After``."""
-    reason = error.reason
-    headers = {"X-KV-Sidecar-Reason": reason.value}
-    if error.retry_after is not None:
-        headers["Retry-After"] = str(int(error.retry_after))
-    body = {
-        "error": {
-            "message": error.message,
-            "type": reason.error_type,
-            "param": error.param,
-            "code": reason.value,
-        }
-    }
-    return web.json_response(body, status=reason.status, headers=headers)
-
-
-def _forward_headers(headers: CIMultiDictProxy[str], peer: str | None) -> CIMultiDict[str]:
-    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in listed or lowered in {"host", "content-length"}:
-            continue
-        out.add(name, value)
-    if peer:
-        prior = headers.get("X-Forwarded-For")
-        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-    return out
-
-
-def _response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    return CIMultiDict(
-        (k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed
-    )
-
-
-def tenant_of(request: web.Request, header: str) -> str:
-    """The tenant: the configured header, else a hash of the API key (never the key), else ``anonymous``."""
-    if value := request.headers.get(header):
-        return value[:128]
-    if auth := request.headers.get("Authorization"):
-        return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:12]
-    return "anonymous"
-
-
 class _BodyTooLargeError(Exception):
     pass
-
-
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_TAIL_BYTES = 4096
-
-
-class _AnswerLength:
-    """How long an answer is: its ``usage.completion_tokens``, else its streamed events counted.
-
-    vLLM streams one ``data:`` event per generated token and choice (``stream_interval`` 1), closed
-    by ``data: [DONE]``; a JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
-    """
-
-    def __init__(self, ticket: Ticket) -> None:
-        self.ticket = ticket
-        self.stream = ticket.stream
-        self.events = 0
-        self._tail = b""
-        self.usage_seen = False
-
-    def feed(self, chunk: bytes) -> int | None:
-        """Take one chunk; for a stream, the tokens per sequence so far."""
-        self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
-        if not self.stream:
-            return None
-        self.events += chunk.count(b"data:")
-        return self.events // max(1, self.ticket.sequences)
-
-    def completion_tokens(self) -> int | None:
-        """The answer's output tokens over all choices, or ``None`` when unknown."""
-        found = _COMPLETION_TOKENS.findall(self._tail)
-        if found:
-            self.usage_seen = True
-            return int(found[-1])
-        if self.stream and self.events:
-            return max(0, self.events - 1)  # less the closing [DONE]
-        return None
 
 
 class _Account:
@@ -350,6 +250,7 @@ class Proxy:
                 except RefusedError as error:
                     account.record(Outcome.REFUSED, error.reason)
                     return error_response(error)
+                account.lane = self.controller.lane_of(facts)  # a request cancelled while queued counts here
                 try:
                     ticket = await self.controller.admit(
                         facts,
@@ -388,7 +289,7 @@ class Proxy:
     async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | RefusedError:
         """The upstream's response (headers received), or the refusal to answer with instead."""
         assert self._session is not None  # noqa: S101 - start() runs before serving
-        headers = _forward_headers(request.headers, request.remote)
+        headers = forward_headers(request.headers, request.remote)
         url = self._base + str(request.rel_url)
         for attempt in (1, 2):
             try:
@@ -434,10 +335,10 @@ class Proxy:
         complete = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.extend(_response_headers(upstream.headers))
+            response.headers.extend(response_headers(upstream.headers))
             await response.prepare(request)
             first = True
-            answer = _AnswerLength(ticket) if ticket is not None and upstream.status == 200 else None
+            answer = AnswerLength(ticket) if ticket is not None and upstream.status == 200 else None
             try:
                 async for chunk in upstream.content.iter_any():
                     if first:

@@ -370,6 +370,23 @@ async def test_client_leaving_the_queue_is_seen_at_once(fake_vllm: FakeVllm, pro
     await eventually(lambda: _depth(proxied, 0), within=2)
     assert fake_vllm.state.generation_requests == 0
     assert (await admission_counts(proxied)).get("cancelled") == 20.0
+    assert await cancelled_in_lane(proxied) == {"long": 20.0}  # the lane they waited in, not "short"
+
+
+async def cancelled_in_lane(sidecar: RunningSidecar) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    lanes: dict[str, float] = {}
+    for family in text_string_to_metric_families((await sidecar.get("/metrics")).text):
+        if family.name == "kv_sidecar_admission":
+            for sample in family.samples:
+                if (
+                    sample.name.endswith("_total")
+                    and sample.labels["outcome"] == "cancelled"
+                    and sample.value
+                ):
+                    lanes[sample.labels["lane"]] = lanes.get(sample.labels["lane"], 0.0) + sample.value
+    return lanes
 
 
 async def test_client_leaving_mid_stream_aborts_the_upstream(

@@ -138,12 +138,12 @@ async def test_answers_teach_the_expected_output() -> None:
     clock = Clock()
     controller = make(clock)
     generous = req(100, 900)  # no ignore_eos: may end early
-    assert controller.outputs.expected(generous, 1024) == (900, 900)
+    assert controller.planner.outputs.expected(generous, 1024) == (900, 900)
     for _ in range(2):
         ticket = await admit(controller, generous)
         ticket.completion_tokens = 40
         controller.release(ticket)
-    assert controller.outputs.expected(generous, 1024) == (40, 900)
+    assert controller.planner.outputs.expected(generous, 1024) == (40, 900)
     tickets = [await admit(controller, generous) for _ in range(3)]  # 3 x ceil(140 / 128): all at once
     assert controller.total_inflight == 3
     for ticket in tickets:

@@ -239,3 +239,19 @@ def test_a_closed_pipe_ends_plan_quietly() -> None:
     )
     os.close(write)
     assert (result.returncode, result.stderr) == (0, b"")
+
+
+def test_an_environment_variable_that_names_no_flag_is_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {"KV_SIDECAR_MODLE": "qwen2.5-7b", "KV_SIDECAR_VLLM_VENV": "/opt/vllm"}  # a typo; a script's own
+    assert main([*HEADLINE, "--format", "json"], environ=env) == 0
+    err = capsys.readouterr().err
+    assert err == "kv-sidecar: warning: KV_SIDECAR_MODLE names no flag; ignored\n"
+
+
+@pytest.mark.parametrize(("raw", "code"), [("yes", 0), ("0", 0), ("maybe", 2), ("enabled", 2)])
+def test_a_boolean_variable_must_read_as_one(raw: str, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*HEADLINE, "--format", "json"], environ={"KV_SIDECAR_ENFORCE_EAGER": raw}) == code
+    if code:
+        assert "KV_SIDECAR_ENFORCE_EAGER='" in capsys.readouterr().err

@@ -1,13 +1,22 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.errors import UsageError
-from sidecar.units import GIB, MIB, parse_duration, parse_positive_int, parse_ratio, parse_size
+from sidecar.units import (
+    GIB,
+    MIB,
+    parse_duration,
+    parse_positive_int,
+    parse_ratio,
+    parse_size,
+    parse_upstream,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,3 +83,30 @@ def test_parsers_raise_only_usage_errors(text: str) -> None:
     for parse in (parse_size, parse_duration, parse_ratio, parse_positive_int):
         with contextlib.suppress(UsageError):
             parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://vllm:8000/", "http://vllm:8000"),
+        ("https://gw.example/prefix/", "https://gw.example/prefix"),
+    ],
+)
+def test_upstream_urls(text: str, url: str) -> None:
+    assert parse_upstream(text) == url
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("127.0.0.1:8000", "give vLLM's URL with its scheme"),
+        ("ftp://vllm:8000", "give vLLM's URL with its scheme"),
+        ("http://vllm:8000/v1", "the OpenAI base URL: give vLLM's root, http://vllm:8000 "),
+        ("http://vllm:8000/v1/", "the OpenAI base URL: give vLLM's root, http://vllm:8000 "),
+        ("http://vllm:8000?x=1", "no query or fragment"),
+    ],
+)
+def test_upstream_urls_refused(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_upstream(text)

@@ -1,0 +1,258 @@
+"""The flags of ``kv-sidecar``: their types, defaults and help, one adder per group.
+
+:mod:`sidecar.cli` builds the parser from these adders and turns parsed flags into the settings
+types; the parsing of single values (sizes, durations, URLs) lives in :mod:`sidecar.units`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import NoReturn
+
+from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
+from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
+from sidecar.errors import UsageError
+from sidecar.monitor.planning import MODEL_RETRY_SECONDS
+from sidecar.units import (
+    parse_duration,
+    parse_memory,
+    parse_positive_int,
+    parse_ratio,
+    parse_size,
+    parse_upstream,
+)
+
+MIN_SCRAPE_INTERVAL = 0.05
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors become one-line usage errors."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the message as a :class:`UsageError` (one line, exit status 2)."""
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def choice(*choices: str) -> Callable[[str], str]:
+    """A flag type accepting one of ``choices`` (case-insensitive)."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise UsageError(f"invalid value {text!r}: use one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def vllm_version(text: str) -> str:
+    """``--vllm-version``: normalised to ``major.minor.patch``."""
+    return str(VllmRelease.parse(text))
+
+
+def kv_dtype(text: str) -> str:
+    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3`` and ``fp8_e5m2`` are both 1-byte FP8)."""
+    value = normalise_dtype(text)
+    if value not in {"auto", *KV_DTYPES}:
+        raise UsageError(
+            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)} or fp8_e4m3/fp8_e5m2"
+        )
+    return value
+
+
+def scrape_interval(text: str) -> float:
+    """``--scrape-interval``: a duration of at least :data:`MIN_SCRAPE_INTERVAL`."""
+    value = parse_duration(text)
+    if value < MIN_SCRAPE_INTERVAL:
+        raise UsageError(f"invalid scrape interval {text!r}: the minimum is 50ms")
+    return value
+
+
+def positive_duration(text: str) -> float:
+    """A duration greater than zero."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise UsageError(f"invalid duration {text!r}: it must be greater than zero")
+    return value
+
+
+def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bool = False) -> None:
+    """Flags that describe the deployment: shared by ``plan``, ``run`` and ``check``.
+
+    With ``engine_fills_in`` (``run``, ``check``) the settings vLLM reports on its ``/metrics``
+    default to ``None``, so the engine's own value is used unless the flag is given.
+    """
+
+    def default(value: object) -> object:
+        return None if engine_fills_in else value
+
+    group = parser.add_argument_group("model and vLLM settings")
+    add = group.add_argument
+    add(
+        "--model",
+        help="Hugging Face id (read from the HF cache, else downloaded), model directory, config.json "
+        "or catalog id (qwen2.5-7b)",
+    )
+    add("--revision", help="the model's Hub revision, as vLLM's --revision: branch, tag or commit")
+    add(
+        "--gpu",
+        help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
+    )
+    add(
+        "--gpu-memory",
+        type=parse_memory,
+        help="GPU memory instead of --gpu: 24GiB (24G, 24Gi: the same, binary) or 80GB (10^9 bytes each)",
+    )
+    add(
+        "--weight-dtype",
+        type=choice("bf16", "fp16", "fp8", "int8", "int4"),
+        help="default: the checkpoint's",
+    )
+    add(
+        "--kv-cache-dtype",
+        type=kv_dtype,
+        default=default("auto"),
+        help="KV cache dtype: auto (the model's), bf16, fp16, fp8, int8, int4, or vLLM's spellings "
+        "(bfloat16, fp8_e4m3, fp8_e5m2, ...)",
+    )
+    add(
+        "--max-model-len",
+        type=parse_positive_int,
+        help="tokens per sequence (default: the model's or engine's)",
+    )
+    add("--concurrency", type=parse_positive_int, default=1, help="sequences that must fit at full length")
+    add(
+        "--gpu-memory-utilization",
+        type=parse_ratio,
+        help="vLLM's share of GPU memory (default: the release's, 0.92 from vLLM 0.20, else 0.9)",
+    )
+    add("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
+    add(
+        "--block-size",
+        type=parse_positive_int,
+        default=default(DEFAULT_BLOCK_SIZE),
+        help="tokens per KV block",
+    )
+    add(
+        "--vllm-version",
+        type=vllm_version,
+        default=None if engine_fills_in else NEWEST_MODELLED,
+        help=f"the vLLM release whose defaults and profiling rules apply (default {NEWEST_MODELLED}"
+        + (", or what the engine's /version says)" if engine_fills_in else ")"),
+    )
+    add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
+    add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
+    add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
+    add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
+    add("--kv-cache-memory", type=parse_memory, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
+    add("--num-gpu-blocks-override", type=parse_positive_int, help="vLLM --num-gpu-blocks-override")
+    add("--activation-memory", type=parse_memory, help="activation peak (default 0.5GiB, or estimated)")
+    add(
+        "--overhead-memory", type=parse_memory, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB"
+    )
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """How to reach vLLM and GPUs: shared by ``run`` and ``check``."""
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--upstream",
+        required=True,
+        type=parse_upstream,
+        help="vLLM's URL, e.g. http://127.0.0.1:8000 (not .../v1)",
+    )
+    group.add_argument(
+        "--scrape-timeout", type=positive_duration, default=2.0, help="per scrape (default 2s)"
+    )
+    group.add_argument("--nvml", type=choice("auto", "off"), default="auto", help="read GPUs through NVML")
+    group.add_argument(
+        "--sustain-window",
+        type=positive_duration,
+        default=60.0,
+        help="how long 'sustained' is (default 60s)",
+    )
+    group.add_argument("--log-level", type=choice("debug", "info", "warning", "error"), default="info")
+
+
+def add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    """The proxy's admission, queue and limits (``run``)."""
+    group = parser.add_argument_group("admission (proxy)")
+    add = group.add_argument
+    add("--max-body-bytes", type=parse_size, default=16 * 1024 * 1024, help="request body limit (413 above)")
+    add("--body-timeout", type=positive_duration, default=30.0, help="time to receive a request body (408)")
+    add(
+        "--pressure-threshold",
+        type=parse_ratio,
+        default=0.85,
+        help="KV usage that means pressure (default 0.85)",
+    )
+    add(
+        "--release-threshold",
+        type=parse_ratio,
+        default=0.80,
+        help="KV usage that ends pressure (default 0.80)",
+    )
+    add(
+        "--pressure-window",
+        type=positive_duration,
+        default=5.0,
+        help="how long usage must hold (default 5s)",
+    )
+    add("--stale-after", type=positive_duration, default=3.0, help="metrics older than this are stale")
+    add("--long-prompt-tokens", type=parse_positive_int, help="long-lane threshold (default max_model_len/2)")
+    add(
+        "--long-lane-concurrency",
+        type=parse_positive_int,
+        default=1,
+        help="long requests at once (default 1)",
+    )
+    add("--on-pressure", type=choice("queue", "reject"), default="queue", help="long prompts under pressure")
+    add(
+        "--admission",
+        type=choice("capacity", "lanes", "token-budget"),
+        default="capacity",
+        help="capacity (default: admit what fits the KV pool, block-exactly), lanes (the seeds' long lane), "
+        "token-budget (reserve prompt + max_tokens)",
+    )
+    add(
+        "--output-quantile",
+        type=parse_ratio,
+        default=0.95,
+        help="capacity: expected output = this quantile of observed answer lengths per route and model "
+        "(default 0.95)",
+    )
+    add("--queue-max-entries", type=parse_positive_int, default=1024, help="per lane (default 1024)")
+    add("--queue-max-tokens", type=parse_positive_int, default=4_000_000, help="per lane (default 4M)")
+    add(
+        "--queue-timeout",
+        type=positive_duration,
+        default=30.0,
+        help="longest wait in the queue (default 30s)",
+    )
+    add(
+        "--drain-timeout",
+        type=positive_duration,
+        default=30.0,
+        help="time for in-flight requests on SIGTERM",
+    )
+    add(
+        "--tenant-header", default="X-Tenant-Id", help="header naming the tenant (else a hash of the API key)"
+    )
+    add(
+        "--upstream-timeout",
+        type=positive_duration,
+        default=900.0,
+        help="longest silence from vLLM (504 after)",
+    )
+    add(
+        "--model-retry",
+        type=positive_duration,
+        default=MODEL_RETRY_SECONDS,
+        help="how often to try again a --model that did not resolve (default %(default)ss)",
+    )
+    add(
+        "--admin-token",
+        help="bearer token for the admin endpoints but the probes (prefer KV_SIDECAR_ADMIN_TOKEN)",
+    )

@@ -1,0 +1,120 @@
+"""The wire between clients, the sidecar and vLLM: headers, error bodies, tenants, answer lengths.
+
+Pure helpers of :mod:`sidecar.server.proxy`, apart so each can be read (and tested) alone. Hop-by-hop
+headers (RFC 9110 section 7.6.1, and any a ``Connection`` header lists) are never forwarded; the client's
+address is appended to ``X-Forwarded-For``. An error body is OpenAI's shape, so clients' SDKs read it,
+with ``X-KV-Sidecar-Reason`` naming the reason and ``Retry-After`` where a retry can succeed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from sidecar.admission.outcomes import AdmissionError
+from sidecar.admission.tickets import Ticket
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""Headers that describe one connection, never forwarded."""
+
+
+def error_response(error: AdmissionError) -> web.Response:
+    """The OpenAI-style error body with ``X-KV-Sidecar-Reason`` and, where it applies, ``Retry-After``."""
+    reason = error.reason
+    headers = {"X-KV-Sidecar-Reason": reason.value}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(int(error.retry_after))
+    body = {
+        "error": {
+            "message": error.message,
+            "type": reason.error_type,
+            "param": error.param,
+            "code": reason.value,
+        }
+    }
+    return web.json_response(body, status=reason.status, headers=headers)
+
+
+def forward_headers(headers: CIMultiDictProxy[str], peer: str | None) -> CIMultiDict[str]:
+    """The request's headers for vLLM: no hop-by-hop ones, no Host or Content-Length, the peer appended."""
+    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or lowered in listed or lowered in {"host", "content-length"}:
+            continue
+        out.add(name, value)
+    if peer:
+        prior = headers.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    return out
+
+
+def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """VLLM's response headers for the client, without hop-by-hop ones."""
+    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
+    return CIMultiDict(
+        (k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed
+    )
+
+
+def tenant_of(request: web.Request, header: str) -> str:
+    """The tenant: the configured header, else a hash of the API key (never the key), else ``anonymous``."""
+    if value := request.headers.get(header):
+        return value[:128]
+    if auth := request.headers.get("Authorization"):
+        return "key-" + hashlib.sha256(auth.encode()).hexdigest()[:12]
+    return "anonymous"
+
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_TAIL_BYTES = 4096
+
+
+class AnswerLength:
+    """How long an answer is: its ``usage.completion_tokens``, else its streamed events counted.
+
+    vLLM streams one ``data:`` event per generated token and choice (``stream_interval`` 1), closed
+    by ``data: [DONE]``; a JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
+    """
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.stream = ticket.stream
+        self.events = 0
+        self._tail = b""
+        self.usage_seen = False
+
+    def feed(self, chunk: bytes) -> int | None:
+        """Take one chunk; for a stream, the tokens per sequence so far."""
+        self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
+        if not self.stream:
+            return None
+        self.events += chunk.count(b"data:")
+        return self.events // max(1, self.ticket.sequences)
+
+    def completion_tokens(self) -> int | None:
+        """The answer's output tokens over all choices, or ``None`` when unknown."""
+        found = _COMPLETION_TOKENS.findall(self._tail)
+        if found:
+            self.usage_seen = True
+            return int(found[-1])
+        if self.stream and self.events:
+            return max(0, self.events - 1)  # less the closing [DONE]
+        return None
