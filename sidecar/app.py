@@ -210,6 +210,8 @@ class SidecarApp:
         now = self.clock()
         stale = self.options.staleness.is_stale(engine.up, engine.metrics_age(now))
         snapshot = engine.snapshot if engine.up else None
+        if snapshot is not None:
+            self.controller.planner.engine_record(snapshot.generation_lengths)
         self.controller.observe(
             now,
             snapshot.kv_usage if snapshot else None,

@@ -15,8 +15,11 @@ full serialises chat traffic that never comes near it. So the sidecar learns:
   times ``1.25 + 1.25 / n`` for ``n`` answers (2.5x after one, 1.56x after four, 1.31x after
   nineteen): with ``n`` answers the next one exceeds all of them with probability ``1 / (n + 1)``,
   so the margin shrinks as the evidence grows, and the ledger's growth tracking and the live gauge
-  cover the rest; before any answer there is no bound and the prior holds: the client's own
-  ``max_tokens`` or, without one, the room left in the context;
+  cover the rest; before any answer of its own, the prior is the engine's record: the quantile of
+  vLLM's ``vllm:request_generation_tokens`` histogram (every finished request since the engine
+  started, all routes), read as the upper bound of the bucket it falls in, once it holds
+  ``trusted_samples`` requests; a fresh engine has no record, and then the client's own
+  ``max_tokens`` or, without one, the room left in the context holds;
 * a request's expected output is its client bound when that is below the learned bound, else the
   learned bound; never below ``min_tokens``; with ``ignore_eos`` (vLLM generates exactly
   ``max_tokens``) always the client bound. The ledger lets a request that runs past its
@@ -55,6 +58,19 @@ class OutputLengths:
 
     settings: OutputSettings = field(default_factory=OutputSettings)
     _samples: dict[tuple[str, str], deque[int]] = field(default_factory=dict)
+    engine_record: tuple[tuple[float, float], ...] = ()  # vLLM's histogram: (upper bound, cumulative)
+
+    def engine_bound(self) -> int | None:
+        """The quantile of the engine's record (a bucket's upper bound), or ``None`` without enough of it."""
+        if not self.engine_record:
+            return None
+        total = self.engine_record[-1][1]
+        if total < self.settings.trusted_samples:
+            return None
+        for bound, cumulative in self.engine_record:
+            if cumulative >= self.settings.quantile * total:
+                return None if math.isinf(bound) else math.ceil(bound)
+        return None
 
     def record(self, route: str, model: str, completion_tokens: int) -> None:
         """One answer on ``route`` for ``model`` took ``completion_tokens`` per choice."""
@@ -91,5 +107,7 @@ class OutputLengths:
         if facts.ignore_eos:
             return hard, hard
         learned = self.bound(facts.route, facts.model)
+        if learned is None:
+            learned = self.engine_bound()
         expected = hard if learned is None else min(hard, learned)
         return max(expected, min(facts.min_output_tokens, hard)), hard

@@ -167,6 +167,11 @@ class CapacityPlanner:
             bounds = self.steps.bounds(now)
             self.ledger.observe_usage(usage * pool.blocks, bounds, pool.block_size, waiting=waiting)
 
+    def engine_record(self, generation_lengths: tuple[tuple[float, float], ...]) -> None:
+        """A scrape's view of the engine's output-length histogram: the prior before answers of our own."""
+        if generation_lengths:
+            self.outputs.engine_record = generation_lengths
+
     # -- figures -----------------------------------------------------------------------------------
 
     def block_figures(self, now: float) -> dict[str, int]:

@@ -12,6 +12,7 @@ cache settings as label strings; ``None``/``True``/``False`` strings are decoded
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ ITERATIONS: Final = "vllm:iteration_tokens_total_count"
 PREFIX_QUERIES: Final = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS: Final = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 CACHE_CONFIG: Final = "vllm:cache_config_info"
+GENERATION_LENGTHS: Final = "vllm:request_generation_tokens_bucket"
+"""The engine's histogram of finished requests' output lengths (all routes, since it started)."""
 
 WANTED: Final = (
     KV_USAGE,
@@ -48,6 +51,7 @@ WANTED: Final = (
     *PREFIX_QUERIES,
     *PREFIX_HITS,
     CACHE_CONFIG,
+    GENERATION_LENGTHS,
 )
 """Every family the sidecar reads from a vLLM page."""
 
@@ -130,6 +134,7 @@ class EngineValues:
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    generation_lengths: dict[float, float] = field(default_factory=dict)  # bucket upper bound -> cumulative
 
 
 class _Summed:
@@ -177,6 +182,15 @@ class EngineSnapshot:
     prefix_cache_hits_total = _Summed("Prefix-cache hits (tokens), summed.")
 
     @property
+    def generation_lengths(self) -> tuple[tuple[float, float], ...]:
+        """The engine's output-length histogram: ``(upper bound, cumulative count)``, summed, ascending."""
+        totals: dict[float, float] = {}
+        for engine in self.engines.values():
+            for bound, count in engine.generation_lengths.items():
+                totals[bound] = totals.get(bound, 0.0) + count
+        return tuple(sorted(totals.items()))
+
+    @property
     def waiting_by_reason(self) -> dict[str, float]:
         """Waiting requests by reason (``capacity``, ``deferred``), summed."""
         totals: dict[str, float] = {}
@@ -211,7 +225,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
     for sample in samples:
         engine = sample.label("engine", "0")
         model_name = model_name or sample.label("model_name") or None
-        values = per_engine.setdefault(engine, {"waiting_by_reason": {}})
+        values = per_engine.setdefault(engine, {"waiting_by_reason": {}, "generation_lengths": {}})
         if sample.name == CACHE_CONFIG:
             if cache_config is None:
                 cache_config = CacheConfig.from_labels(dict(sample.labels))
@@ -219,6 +233,13 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
             usage_new[engine] = sample.value
         elif sample.name == KV_USAGE_OLD:
             usage_old[engine] = sample.value
+        elif sample.name == GENERATION_LENGTHS:
+            lengths = values["generation_lengths"]
+            assert isinstance(lengths, dict)  # noqa: S101 - set just above
+            with contextlib.suppress(ValueError):  # "+Inf" reads as inf: the total
+                bound = float(sample.label("le", "nan"))
+                if not math.isnan(bound):
+                    lengths[bound] = lengths.get(bound, 0.0) + sample.value  # one series per model name
         elif sample.name == WAITING_BY_REASON:
             reasons = values["waiting_by_reason"]
             assert isinstance(reasons, dict)  # noqa: S101 - set just above
@@ -229,7 +250,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
                 values[key] = sample.value
     usage = usage_new or usage_old
     for engine, value in usage.items():
-        per_engine.setdefault(engine, {"waiting_by_reason": {}})["kv_usage"] = value
+        per_engine.setdefault(engine, {"waiting_by_reason": {}, "generation_lengths": {}})["kv_usage"] = value
     engines = {name: EngineValues(**vals) for name, vals in sorted(per_engine.items())}  # type: ignore[arg-type]
     metric = KV_USAGE if usage_new else (KV_USAGE_OLD if usage_old else None)
     return EngineSnapshot(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
 
 from sidecar.admission.body import RequestFacts
@@ -10,6 +13,7 @@ from sidecar.admission.outcomes import Reason
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
 from sidecar.admission.rates import RATE_MARGIN, SLOW_MARGIN, ReleaseRate, StepClock
+from sidecar.signals.vllm import parse_vllm_metrics
 
 ROUTE = "/v1/chat/completions"
 
@@ -120,3 +124,28 @@ def test_engine_parity(request_: RequestFacts, reason: Reason | None, param: str
     refusal = engine_refusal(request_, MML)
     assert (refusal.reason if refusal else None, refusal.param if refusal else None) == (reason, param)
     assert engine_refusal(request_, None) is None  # nothing is refused while max_model_len is unknown
+
+
+def test_the_engines_record_is_the_prior_before_answers_of_our_own() -> None:
+    # vLLM's vllm:request_generation_tokens histogram: 100 finished requests, 96 of them within 200 tokens
+    record = ((50.0, 60.0), (100.0, 90.0), (200.0, 96.0), (500.0, 100.0), (math.inf, 100.0))
+    lengths = OutputLengths(OutputSettings(min_samples=1, trusted_samples=20))
+    facts = RequestFacts(
+        prompts=(100,), max_output_tokens=900, exact=True, route="/v1/completions", model="m"
+    )
+    assert lengths.expected(facts, 1024) == (900, 900)  # a fresh engine: the client's bound
+    lengths.engine_record = record
+    assert lengths.engine_bound() == 200  # the p95 falls in the (100, 200] bucket: its upper bound
+    assert lengths.expected(facts, 1024) == (200, 900)
+    lengths.record("/v1/completions", "m", 30)
+    assert lengths.expected(facts, 1024) == (75, 900)  # our own answers win: 30 x (1.25 + 1.25)
+    lengths.engine_record = ((50.0, 5.0), (math.inf, 5.0))
+    assert lengths.engine_bound() is None  # too few requests to trust
+
+
+def test_the_engines_output_length_histogram_is_read_from_its_page() -> None:
+    text = (Path(__file__).parents[1] / "data/vllm/vllm-0.32.0-cpu-tiny-kv-pressure.prom").read_text()
+    lengths = parse_vllm_metrics(text).generation_lengths
+    assert lengths[-1] == (math.inf, 6.0)
+    assert dict(lengths)[200.0] == 6.0
+    assert dict(lengths)[100.0] == 0.0
