@@ -1,6 +1,8 @@
-"""A bare aiohttp pass-through proxy (no admission, no metrics): the baseline the sidecar is held to.
+"""Bare aiohttp pass-through proxies (no admission, no metrics): the baselines the sidecar is held to.
 
-Run: ``python -m bench.bare_proxy LISTEN_PORT UPSTREAM_URL``.
+Run: ``python -m bench.bare_proxy LISTEN_PORT UPSTREAM_URL [--buffered]``. Streaming (the default) copies
+the answer chunk by chunk as it arrives; ``--buffered`` is the thinnest possible proxy for non-streaming
+answers: ``await upstream.read()`` into one ``web.Response`` (one write), which cannot stream.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"
 
 def main() -> None:
     upstream = sys.argv[2].rstrip("/")
+    buffered = "--buffered" in sys.argv[3:]
     session: aiohttp.ClientSession | None = None
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -24,6 +27,10 @@ def main() -> None:
         async with session.request(
             request.method, upstream + str(request.rel_url), headers=headers, data=body
         ) as up:
+            if buffered:
+                data = await up.read()
+                out = {k: v for k, v in up.headers.items() if k.lower() not in HOP}
+                return web.Response(status=up.status, body=data, headers=out)
             response = web.StreamResponse(status=up.status)
             response.headers.update({k: v for k, v in up.headers.items() if k.lower() not in HOP})
             await response.prepare(request)

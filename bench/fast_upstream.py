@@ -1,8 +1,10 @@
 """A fast stand-in for vLLM, for benchmarks: fixed completions, SSE streams that carry their send time.
 
 Run: ``python -m bench.fast_upstream PORT [KV_USAGE | cycle:SECONDS]``. ``/metrics`` serves a recorded
-real vLLM page with ``vllm:kv_cache_usage_perc`` set to KV_USAGE (default 0.1), or alternating between
-0.3 and 0.95 every SECONDS (pressure cycles for the soak), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
+real vLLM page with ``vllm:kv_cache_usage_perc`` set to KV_USAGE (default 0.1) and nothing running or
+waiting in a 1M-token pool (an idle engine: the proxy-overhead benchmark measures the proxy, not
+admission holding requests back), or the recorded page alternating between 0.3 and 0.95 every SECONDS
+(pressure cycles for the soak, with the page's own running/waiting and 16-block pool), ``/v1/models`` says ``max_model_len`` 32768, ``POST /v1/completions`` answers a small fixed
 JSON at once, or (``"stream": true``) sends ``chunks`` SSE events whose first carries
 ``time.monotonic()`` at the moment of sending (the clock is system-wide on Linux, so the client can
 subtract it).
@@ -55,10 +57,20 @@ async def models(_: web.Request) -> web.Response:
     return web.json_response({"data": [{"id": "bench", "max_model_len": 32768}]})
 
 
+def idle(text: str) -> str:
+    """The page with no request running or waiting and a pool of 8,192 blocks of 128 tokens."""
+    text = re.sub(
+        r"^(vllm:num_requests_(?:running|waiting)\{[^\n]*\}) \S+$", r"\g<1> 0.0", text, flags=re.MULTILINE
+    )
+    return text.replace('num_gpu_blocks="16"', 'num_gpu_blocks="8192"').replace(
+        'num_gpu_blocks_override="16"', 'num_gpu_blocks_override="8192"'
+    )
+
+
 def main() -> None:
     setting = sys.argv[2] if len(sys.argv) > 2 else "0.1"
     cycle = float(setting.removeprefix("cycle:")) if setting.startswith("cycle:") else None
-    fixed = page(float(setting)) if cycle is None else ""
+    fixed = idle(page(float(setting))) if cycle is None else ""
     calm, pressed = page(0.3), page(0.95)
 
     async def metrics(_: web.Request) -> web.Response:

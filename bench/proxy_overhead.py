@@ -3,8 +3,8 @@
 Run: ``.venv/bin/python -m bench.proxy_overhead [--seconds 3] [--rounds 3]``.
 
 Targets (processes on loopback): ``direct`` (the fast upstream itself), ``sidecar`` (``kv-sidecar run``
-in front of it, admission on, scraping every 500 ms), ``bare`` (a 40-line aiohttp pass-through, the
-baseline) and ``nginx`` as a reverse proxy when an ``nginx`` binary is installed (Debian's
+in front of it, default flags), ``bare`` (a 40-line streaming aiohttp pass-through),
+``buffered`` (the thinnest buffered aiohttp pass-through: ``await upstream.read()`` into one response) and ``nginx`` as a reverse proxy when an ``nginx`` binary is installed (Debian's
 ``nginx-light``; buffering off, upstream keep-alive). Each round measures every target in turn, so machine noise hits all of them alike;
 the table reports medians over rounds.
 
@@ -146,7 +146,7 @@ def start(args: list[str]) -> subprocess.Popen[bytes]:
 
 
 async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
-    upstream_port, sidecar_port, admin_port, bare_port = (free_port() for _ in range(4))
+    upstream_port, sidecar_port, admin_port, bare_port, buffered_port = (free_port() for _ in range(5))
     upstream = f"http://127.0.0.1:{upstream_port}"
     processes = [start([sys.executable, "-m", "bench.fast_upstream", str(upstream_port)])]
     await wait_ready(upstream + "/v1/models")
@@ -155,10 +155,14 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
                "--admin-listen", f"127.0.0.1:{admin_port}", "--nvml", "off", "--log-level", "error"])
     )  # fmt: skip
     processes.append(start([sys.executable, "-m", "bench.bare_proxy", str(bare_port), upstream]))
+    processes.append(
+        start([sys.executable, "-m", "bench.bare_proxy", str(buffered_port), upstream, "--buffered"])
+    )
     targets = {
         "direct": upstream,
         "sidecar": f"http://127.0.0.1:{sidecar_port}",
         "bare": f"http://127.0.0.1:{bare_port}",
+        "buffered": f"http://127.0.0.1:{buffered_port}",
     }
     nginx_port = free_port()
     nginx = start_nginx(nginx_port, upstream_port)
@@ -206,13 +210,24 @@ def main() -> None:
             f"{(row['p99'] - direct['p99']) * 1e3:>10.3f}{row['rps1']:>10.0f}{row['rps8']:>10.0f}{row['chunk'] * 1e3:>16.3f}"
         )
     share = result["sidecar"]["rps8"] / result["bare"]["rps8"]
-    print(f"sidecar throughput at 8 connections: {share:.0%} of the bare aiohttp proxy's")
+    share_buffered = result["sidecar"]["rps8"] / result["buffered"]["rps8"]
+    print(f"sidecar throughput at 8 connections: {share:.0%} of the streaming bare proxy's, "
+          f"{share_buffered:.0%} of the buffered one's")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"proxy_overhead-{stamp}.json"
     machine = {"platform": platform.platform(), "cpus": os.cpu_count()}
     out.write_text(
-        json.dumps({"date": stamp, "machine": machine, "results": result, "share_of_bare": share}, indent=2)
+        json.dumps(
+            {
+                "date": stamp,
+                "machine": machine,
+                "results": result,
+                "share_of_bare": share,
+                "share_of_buffered": share_buffered,
+            },
+            indent=2,
+        )
     )
     print(f"written {out}")
 

@@ -46,8 +46,8 @@ from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
-from sidecar.server.metrics import register_monitor_metrics
-from sidecar.server.proxy import Proxy, ProxyMetrics, ProxySettings
+from sidecar.server.metrics import ProxyMetrics, register_monitor_metrics
+from sidecar.server.proxy import Proxy, ProxySettings
 
 
 def usable_blocks(num_gpu_blocks: int) -> int:
@@ -117,6 +117,7 @@ class SidecarApp:
         self.monitor = Monitor(inputs, settings, log)
         self.monitor.gpu.enabled = options.nvml
         self.monitor.model_error = model_error
+        self._pool_cache: tuple[object, object, PoolView | None] | None = None
         self._resolve_model = resolve_model if model_error is not None else None
         self._model_task: asyncio.Task[None] | None = None
         self.lifecycle = Lifecycle(staleness=options.staleness)
@@ -165,7 +166,18 @@ class SidecarApp:
         self.proxy_port: int | None = None
 
     def _pool(self) -> PoolView | None:
-        """The KV pool admission plans against: the engine's blocks, else the prediction's."""
+        """The KV pool admission plans against: the engine's blocks, else the prediction's.
+
+        Asked several times per admission decision: computed once per scrape (per snapshot and ledger).
+        """
+        snapshot, ledger = self.monitor.engine.snapshot, self.monitor.ledger
+        if self._pool_cache is not None and self._pool_cache[0] is snapshot and self._pool_cache[1] is ledger:
+            return self._pool_cache[2]
+        view = self._compute_pool()
+        self._pool_cache = (snapshot, ledger, view)
+        return view
+
+    def _compute_pool(self) -> PoolView | None:
         snapshot = self.monitor.engine.snapshot
         config = snapshot.cache_config if snapshot is not None else None
         if config is not None and config.num_gpu_blocks and config.block_size:

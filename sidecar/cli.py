@@ -252,10 +252,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         model_error=model_error,
     )
     try:
-        asyncio.run(app.serve())
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(app.serve())
     except OSError as exc:
         raise UsageError(f"cannot listen: {exc.strerror or exc}") from None
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop: uvloop's when it is installed (the ``fast`` extra), else asyncio's own."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

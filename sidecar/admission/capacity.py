@@ -222,6 +222,12 @@ class CapacityLedger:
         lifetime = demand.lifetime + size
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         base = len(self.shared) + new_shared + self.unexplained
+        peaks = base + demand.private_blocks(0, math.inf, size)
+        if (
+            peaks + sum(self._private(h, steps, math.inf, size) for h in self.holdings.values())
+            <= pool.blocks
+        ):
+            return True  # everyone at their peak at once fits: no need to look at when they end
         ends = {
             key: holding.steps_left(steps.low) if self.releases_certain else math.inf
             for key, holding in self.holdings.items()

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
+from sidecar.admission.outcomes import Lane
 from sidecar.monitor.diagnose import DiagnosisId, Severity
 from sidecar.monitor.monitor import Monitor
 
@@ -170,3 +171,49 @@ def register_monitor_metrics(
 ) -> None:
     """Register the monitor's collector on ``registry``."""
     registry.register(MonitorCollector(monitor, clock))
+
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
+"""Latency buckets of the proxy's histograms, in seconds."""
+
+
+class ProxyMetrics:
+    """Latency histograms of proxied requests, on an explicit registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.duration = Histogram(
+            "kv_sidecar_request_duration_seconds",
+            "Time from receiving a request to the end of its response, by lane (other: not generation).",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "kv_sidecar_time_to_first_byte_seconds",
+            "Time from receiving a request to the first byte of the upstream's response body, by lane.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for lane in (*[lane.value for lane in Lane], "other"):
+            self.duration.labels(lane=lane)
+            self.ttfb.labels(lane=lane)

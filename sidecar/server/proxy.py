@@ -1,7 +1,8 @@
 """The reverse proxy in front of vLLM's OpenAI API.
 
 Every method and path is forwarded to the one configured upstream (never a client-chosen target):
-headers minus hop-by-hop ones, the body, the status, and the response streamed chunk by chunk as it
+headers minus hop-by-hop ones, the body, the status, and the response: a non-streaming answer of known
+length (up to 4 MiB) read whole and sent in one write, anything else streamed chunk by chunk as it
 arrives (``iter_any``: Server-Sent Events are flushed at once, the first chunk is never held back).
 One shared keep-alive client session carries all upstream traffic. Generation routes
 (:data:`GENERATION_PATHS`) pass through admission first; every other route is forwarded as is.
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Histogram
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.admission.body import RequestFacts, decode_json_body, request_facts
@@ -31,6 +31,7 @@ from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, Re
 from sidecar.admission.tokens import TokenCounter
 from sidecar.errors import KvSidecarError
 from sidecar.server.admin import Lifecycle
+from sidecar.server.metrics import ProxyMetrics
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.units import MIB, parse_duration
 
@@ -42,26 +43,6 @@ OFFLOAD_BODY_BYTES = 64 * 1024
 OFFLOAD_EXACT_BODY_BYTES = 4 * 1024
 """With the real tokenizer (about 1.3 us per token, see bench/token_estimate.py: 40 ms for 32K tokens), bodies
 from this size on are counted in a worker thread, so the event loop never waits more than ~1 ms on one."""
-LATENCY_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-    120,
-    300,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,31 +61,19 @@ class ProxySettings:
     queue_timeout_header: str = "X-KV-Sidecar-Queue-Timeout"
 
 
-class ProxyMetrics:
-    """Latency histograms of proxied requests, on an explicit registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.duration = Histogram(
-            "kv_sidecar_request_duration_seconds",
-            "Time from receiving a request to the end of its response, by lane (other: not generation).",
-            ["lane"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.ttfb = Histogram(
-            "kv_sidecar_time_to_first_byte_seconds",
-            "Time from receiving a request to the first byte of the upstream's response body, by lane.",
-            ["lane"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        for lane in (*[lane.value for lane in Lane], "other"):
-            self.duration.labels(lane=lane)
-            self.ttfb.labels(lane=lane)
-
-
 class _BodyTooLargeError(Exception):
     pass
+
+
+BUFFERED_MAX_BYTES = 4 * MIB
+"""Answers up to this size with a Content-Length (and not an event stream) go back in one write."""
+
+
+def _buffered(upstream: aiohttp.ClientResponse) -> bool:
+    length = upstream.content_length
+    return (
+        length is not None and length <= BUFFERED_MAX_BYTES and upstream.content_type != "text/event-stream"
+    )
 
 
 class _Account:
@@ -282,6 +251,31 @@ class Proxy:
             return request_facts(path, decode_json_body(body), self.counter)
         return await asyncio.to_thread(lambda: request_facts(path, decode_json_body(body), self.counter))
 
+    async def _forward_whole(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, ticket: Ticket | None, *, lane: str,
+        started: float,
+    ) -> web.Response:  # fmt: skip
+        """A non-streaming answer of known length: read whole, sent in one write (the cheapest path)."""
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:  # nothing was sent to the client yet: a clean 502
+            upstream.close()  # vLLM aborts the request
+            self.log.warning("upstream_broke_off", error=f"{type(exc).__name__}: {exc}", path=request.path)
+            return error_response(RefusedError(Reason.ENGINE_ERROR, "the engine broke off its answer"))
+        finally:
+            self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
+        upstream.release()
+        if ticket is not None and upstream.status == 200:
+            answer = AnswerLength(ticket)
+            answer.feed(data)
+            ticket.completion_tokens = answer.completion_tokens()
+            if ticket.completion_tokens is not None:
+                self.controller.metrics.output_samples.labels(source="usage").inc()
+        headers = response_headers(upstream.headers)
+        headers.popall("Content-Length", None)  # web.Response sets it from the body
+        self.metrics.duration.labels(lane=lane).observe(time.perf_counter() - started)
+        return web.Response(status=upstream.status, reason=upstream.reason, body=data, headers=headers)
+
     def _refuse(self, account: _Account, reason: Reason, message: str) -> web.Response:
         account.record(Outcome.REFUSED, reason)
         return error_response(RefusedError(reason, message))
@@ -332,6 +326,15 @@ class Proxy:
             return error_response(upstream)
         if ticket is not None:
             account.record(Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED)
+        if _buffered(upstream):
+            return await self._forward_whole(request, upstream, ticket, lane=lane, started=started)
+        return await self._forward_stream(request, upstream, ticket, lane=lane, started=started)
+
+    async def _forward_stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, ticket: Ticket | None, *, lane: str,
+        started: float,
+    ) -> web.StreamResponse:  # fmt: skip
+        """Anything else: streamed chunk by chunk as it arrives, the first chunk never held back."""
         complete = False
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
