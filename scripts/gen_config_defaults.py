@@ -14,10 +14,10 @@ tier runs it).
 
 from __future__ import annotations
 
-import json
-import sys
 import warnings
 from pathlib import Path
+
+from generated_file import write_or_check
 
 OUT = Path(__file__).resolve().parent.parent / "sidecar" / "budget" / "config_defaults.json"
 FIELDS = (
@@ -69,16 +69,8 @@ def generate() -> dict[str, object]:
 
 
 def main() -> int:
-    """Write the table, or with ``--check`` compare it with the committed one."""
-    text = json.dumps(generate(), indent=1, sort_keys=True) + "\n"
-    if "--check" in sys.argv[1:]:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT} is stale: run scripts/gen_config_defaults.py with transformers", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT} ({len(text):,} bytes)")
-    return 0
+    """Write the file, or with ``--check`` compare it with the committed one."""
+    return write_or_check(OUT, generate(), "gen_config_defaults.py")
 
 
 if __name__ == "__main__":

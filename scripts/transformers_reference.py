@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from generated_file import write_or_check
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf-configs"
 OUT = CORPUS / "transformers-reference.json"
@@ -89,16 +89,8 @@ def reference() -> dict[str, object]:
 
 
 def main() -> int:
-    """Write the reference, or with ``--check`` compare it with the committed one."""
-    text = json.dumps(reference(), indent=1, sort_keys=True) + "\n"
-    if "--check" in sys.argv[1:]:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT} is stale: run scripts/transformers_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT}")
-    return 0
+    """Write the file, or with ``--check`` compare it with the committed one."""
+    return write_or_check(OUT, reference(), "transformers_reference.py")
 
 
 if __name__ == "__main__":
