@@ -59,18 +59,25 @@ class OutputLengths:
     settings: OutputSettings = field(default_factory=OutputSettings)
     _samples: dict[tuple[str, str], deque[int]] = field(default_factory=dict)
     engine_record: tuple[tuple[float, float], ...] = ()  # vLLM's histogram: (upper bound, cumulative)
+    _engine_bound: int | None = None
+
+    def learn_engine_record(self, record: tuple[tuple[float, float], ...]) -> None:
+        """Take a scrape's view of the engine's histogram; its bound is computed here, once per scrape."""
+        if record == self.engine_record:
+            return
+        self.engine_record = record
+        self._engine_bound = None
+        total = record[-1][1] if record else 0.0
+        if total < self.settings.trusted_samples:
+            return
+        for bound, cumulative in record:
+            if cumulative >= self.settings.quantile * total:
+                self._engine_bound = None if math.isinf(bound) else math.ceil(bound)
+                return
 
     def engine_bound(self) -> int | None:
         """The quantile of the engine's record (a bucket's upper bound), or ``None`` without enough of it."""
-        if not self.engine_record:
-            return None
-        total = self.engine_record[-1][1]
-        if total < self.settings.trusted_samples:
-            return None
-        for bound, cumulative in self.engine_record:
-            if cumulative >= self.settings.quantile * total:
-                return None if math.isinf(bound) else math.ceil(bound)
-        return None
+        return self._engine_bound
 
     def record(self, route: str, model: str, completion_tokens: int) -> None:
         """One answer on ``route`` for ``model`` took ``completion_tokens`` per choice."""

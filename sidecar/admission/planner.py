@@ -170,7 +170,7 @@ class CapacityPlanner:
     def engine_record(self, generation_lengths: tuple[tuple[float, float], ...]) -> None:
         """A scrape's view of the engine's output-length histogram: the prior before answers of our own."""
         if generation_lengths:
-            self.outputs.engine_record = generation_lengths
+            self.outputs.learn_engine_record(generation_lengths)
 
     # -- figures -----------------------------------------------------------------------------------
 

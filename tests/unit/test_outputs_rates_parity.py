@@ -134,12 +134,12 @@ def test_the_engines_record_is_the_prior_before_answers_of_our_own() -> None:
         prompts=(100,), max_output_tokens=900, exact=True, route="/v1/completions", model="m"
     )
     assert lengths.expected(facts, 1024) == (900, 900)  # a fresh engine: the client's bound
-    lengths.engine_record = record
+    lengths.learn_engine_record(record)
     assert lengths.engine_bound() == 200  # the p95 falls in the (100, 200] bucket: its upper bound
     assert lengths.expected(facts, 1024) == (200, 900)
     lengths.record("/v1/completions", "m", 30)
     assert lengths.expected(facts, 1024) == (75, 900)  # our own answers win: 30 x (1.25 + 1.25)
-    lengths.engine_record = ((50.0, 5.0), (math.inf, 5.0))
+    lengths.learn_engine_record(((50.0, 5.0), (math.inf, 5.0)))
     assert lengths.engine_bound() is None  # too few requests to trust
 
 
