@@ -101,6 +101,7 @@ class Monitor:
                 self.engine.max_model_len,
                 total,
                 engine_version=self.engine.version,
+                gpu_name=self.gpu.gpus[0].name if self.gpu.gpus else "nvml",
             )
             ledger = build_ledger(request) if request and request != self.request else self.ledger
             error: str | None = None

@@ -73,6 +73,7 @@ def resolve_plan_request(
     gpu_total_bytes: int | None,
     *,
     engine_version: str | None = None,
+    gpu_name: str = "nvml",
 ) -> PlanRequest | None:
     """The request to predict with, or ``None`` when there is not enough to predict."""
     if inputs.architecture is None:
@@ -88,7 +89,9 @@ def resolve_plan_request(
         architecture=inputs.architecture,
         gpu_memory_bytes=gpu_memory,
         model=inputs.model,
-        gpu=inputs.gpu if inputs.gpu_memory_bytes else "nvml",
+        gpu=inputs.gpu
+        if inputs.gpu_memory_bytes
+        else gpu_name,  # NVML's device name: vLLM's batch rules read it
         weight_dtype=inputs.weight_dtype,
         kv_cache_dtype=inputs.kv_cache_dtype or _engine_kv_dtype(engine) or "auto",
         max_model_len=inputs.max_model_len or engine_max_model_len,

@@ -107,6 +107,15 @@ def test_planning_needs_a_model_and_a_gpu_size() -> None:
     from_nvml = resolve_plan_request(PlanInputs(architecture=TINY), None, None, 24 * GIB)
     assert from_nvml is not None
     assert (from_nvml.gpu, from_nvml.gpu_memory_bytes) == ("nvml", 24 * GIB)
+    a100 = resolve_plan_request(
+        PlanInputs(architecture=TINY), None, None, 80 * GIB, gpu_name="NVIDIA A100-SXM4-80GB"
+    )
+    assert a100 is not None
+    assert a100.gpu == "NVIDIA A100-SXM4-80GB"
+    assert a100.effective_batch == (
+        2048,
+        256,
+    )  # vLLM excludes A100s from the >= 70 GiB defaults by device name
 
 
 def _diagnose(
