@@ -46,8 +46,10 @@ from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
+from sidecar.server.gateway import GatewayCollector, GatewayPage, current_load
 from sidecar.server.metrics import ProxyMetrics, register_monitor_metrics
 from sidecar.server.proxy import Proxy, ProxySettings
+from sidecar.signals import EngineSnapshot
 
 
 def usable_blocks(num_gpu_blocks: int) -> int:
@@ -140,6 +142,8 @@ class SidecarApp:
             max_num_seqs=lambda: inputs.max_num_seqs,
         )
         self.registry.register(AdmissionCollector(self.controller))
+        gateway = GatewayCollector(lambda: current_load(self.controller, self._engine_snapshot))
+        self.registry.register(gateway)
         self.proxy: Proxy | None = None
         if options.proxy:
             self.proxy = Proxy(
@@ -157,6 +161,7 @@ class SidecarApp:
                 self.lifecycle,
                 log,
                 engine_retry_after=self._engine_retry_after,
+                gateway_page=GatewayPage(gateway, self._engine_page),
             )
         self._client: httpx.AsyncClient | None = None
         self._scraper: EngineScraper | None = None
@@ -197,6 +202,14 @@ class SidecarApp:
                 source="prediction",
             )
         return None
+
+    def _engine_snapshot(self) -> EngineSnapshot | None:
+        engine = self.monitor.engine
+        return engine.snapshot if engine.up else None
+
+    def _engine_page(self) -> bytes:
+        """The engine's last page while it is up (a gateway must not route on a dead engine's figures)."""
+        return self._scraper.last_page if self._scraper is not None and self.monitor.engine.up else b""
 
     def _metrics_age(self, now: float) -> float | None:
         engine = self.monitor.engine

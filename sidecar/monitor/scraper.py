@@ -91,8 +91,10 @@ class EngineScraper:
         self._nvml = nvml
         self._models_fetched = False
         self._on_round = on_round
+        self.last_page = b""
+        """The last page that scanned cleanly, as the engine sent it (served again to gateways)."""
 
-    async def _fetch_page(self) -> str:
+    async def _fetch_page(self) -> bytes:
         try:
             response = await self._client.get(f"{self._base}/metrics", timeout=self._settings.timeout)
         except httpx.TimeoutException:
@@ -106,7 +108,7 @@ class EngineScraper:
             raise _ScrapeFailedError("status", f"{self._base}/metrics answered HTTP {response.status_code}")
         if len(response.content) > MAX_PAGE_BYTES:
             raise _ScrapeFailedError("too_large", f"{self._base}/metrics is over {MAX_PAGE_BYTES} bytes")
-        return response.text
+        return response.content
 
     async def _fetch_max_model_len(self) -> None:
         """Read ``max_model_len`` and the served model name from ``/v1/models`` (best effort)."""
@@ -136,7 +138,7 @@ class EngineScraper:
         started = time.perf_counter()
         try:
             page = await self._fetch_page()
-            snapshot = parse_vllm_metrics(page)
+            snapshot = parse_vllm_metrics(page.decode("utf-8", errors="replace"))
         except _ScrapeFailedError as failure:
             self._metrics.errors.labels(reason=failure.reason).inc()
             self._models_fetched = False
@@ -148,6 +150,7 @@ class EngineScraper:
             return False
         finally:
             self._metrics.duration.observe(time.perf_counter() - started)
+        self.last_page = page
         if not self._models_fetched:
             await self._fetch_max_model_len()
         self._monitor.record_success(snapshot, self._clock())

@@ -31,6 +31,8 @@ from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, Re
 from sidecar.admission.tokens import TokenCounter
 from sidecar.errors import KvSidecarError
 from sidecar.server.admin import Lifecycle
+from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
+from sidecar.server.gateway import GatewayPage
 from sidecar.server.metrics import ProxyMetrics
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.units import MIB, parse_duration
@@ -103,6 +105,7 @@ class Proxy:
         log: FilteringBoundLogger,
         *,
         engine_retry_after: Callable[[], int],
+        gateway_page: GatewayPage | None = None,
     ) -> None:
         self.settings = settings
         self.controller = controller
@@ -111,6 +114,7 @@ class Proxy:
         self.lifecycle = lifecycle
         self.log = log
         self._engine_retry_after = engine_retry_after
+        self._gateway_page = gateway_page
         self._base = settings.upstream.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self.open_requests = 0
@@ -134,8 +138,15 @@ class Proxy:
     def app(self) -> web.Application:
         """The aiohttp application: one catch-all route."""
         application = web.Application(client_max_size=self.settings.max_body_bytes)
+        if self._gateway_page is not None:
+            application.router.add_get("/metrics", self.metrics_page)
         application.router.add_route("*", "/{tail:.*}", self.handle)
         return application
+
+    async def metrics_page(self, _: web.Request) -> web.Response:
+        """``GET /metrics``: the engine's page and the gateway gauges, from memory (see ``gateway``)."""
+        assert self._gateway_page is not None  # noqa: S101 - the route exists only with a page
+        return web.Response(body=self._gateway_page.render(), headers={"Content-Type": GATEWAY_CONTENT_TYPE})
 
     def _precheck(self, request: web.Request) -> RefusedError | None:
         """Refusals decided from the request line and headers alone, before reading the body."""
