@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from sidecar.cli import build_parser
+from sidecar.server import gateway
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "kv-sidecar"
@@ -33,6 +34,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         }
     },
     "autoscaling": {"autoscaling": {"keda": {"enabled": True, "maxReplicas": 6}}},
+    "gateway": {"gateway": {"inferencePool": {"enabled": True}, "eppConfig": {"enabled": True}},
+                "replicaCount": 3},
     "tensor-parallel-2": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "vllm": {"tensorParallelSize": 2},
                           "sidecar": {"gpu": "h100", "concurrency": 4}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
@@ -89,7 +92,7 @@ def test_core_objects_are_valid_kubernetes(name: str) -> None:
     kinds = []
     for document in documents(render(VALUE_SETS[name])):
         kinds.append(document["kind"])
-        if document["apiVersion"].startswith(("monitoring.coreos.com", "keda.sh")):
+        if document["apiVersion"].startswith(("monitoring.coreos.com", "keda.sh", "inference.networking")):
             continue
         kubernetes_validate.validate(document, K8S_VERSION, strict=True)
     assert {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"} <= set(kinds)
@@ -101,6 +104,7 @@ def _crd_schema(kind: str) -> dict[str, Any]:
         "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
         "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
         "ScaledObject": "keda.sh_scaledobjects.yaml",
+        "InferencePool": "inference.networking.k8s.io_inferencepools.yaml",
     }
     crd = yaml.safe_load((CRDS / files[kind]).read_text())
     version = next(v for v in crd["spec"]["versions"] if v.get("served", True))
@@ -108,11 +112,17 @@ def _crd_schema(kind: str) -> dict[str, Any]:
     return schema
 
 
-@pytest.mark.parametrize("name", ["monitoring", "autoscaling"])
+@pytest.mark.parametrize("name", ["monitoring", "autoscaling", "gateway"])
 def test_custom_resources_match_their_crds(name: str) -> None:
     found = []
     for document in documents(render(VALUE_SETS[name])):
-        if document["kind"] in {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}:
+        if document["kind"] in {
+            "PodMonitor",
+            "ServiceMonitor",
+            "PrometheusRule",
+            "ScaledObject",
+            "InferencePool",
+        }:
             found.append(document["kind"])
             errors = list(jsonschema.Draft7Validator(_crd_schema(document["kind"])).iter_errors(document))
             assert not errors, [e.message for e in errors]
@@ -251,3 +261,42 @@ def test_the_hf_cache_vllm_fills_is_mounted_read_only_into_the_sidecar() -> None
     deployment = next(d for d in documents(claimed) if d["kind"] == "Deployment")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["hf-cache"]["persistentVolumeClaim"] == {"claimName": "models"}
+
+
+def test_the_inference_pool_selects_the_pods_on_the_proxy_port_and_the_epp_reads_the_gateway_series() -> None:
+    rendered = render(VALUE_SETS["gateway"])
+    docs = list(documents(rendered))
+    pool = next(d for d in docs if d["kind"] == "InferencePool")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    proxy_port = next(
+        p["containerPort"] for p in containers(rendered)["kv-sidecar"]["ports"] if p["name"] == "proxy"
+    )
+    assert pool["spec"]["targetPorts"] == [{"number": proxy_port}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "llm-kv-sidecar-epp"
+    config_map = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("epp-config")
+    )
+    epp = yaml.safe_load(config_map["data"]["epp-config.yaml"])
+    extractor = next(p for p in epp["plugins"] if p["type"] == "core-metrics-extractor")
+    (engine,) = extractor["parameters"]["engineConfigs"]
+    assert (
+        engine["name"]
+        == pod_labels["llm-d.ai/engine-type"]
+        == pod_labels["inference.networking.k8s.io/engine-type"]
+    )
+    assert (engine["queuedRequestsSpec"], engine["runningRequestsSpec"], engine["kvUsageSpec"]) == (
+        gateway.QUEUED,
+        gateway.RUNNING,
+        gateway.KV_USAGE,
+    )
+    sources = epp["dataLayer"]["sources"]
+    assert sources == [
+        {"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}
+    ]
+
+
+def test_keda_scales_on_the_sidecar_adjusted_queue() -> None:
+    scaled = next(d for d in documents(render(VALUE_SETS["autoscaling"])) if d["kind"] == "ScaledObject")
+    assert scaled["spec"]["triggers"][0]["metadata"]["query"].startswith(f"sum({gateway.QUEUED}{{")

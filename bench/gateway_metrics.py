@@ -1,0 +1,129 @@
+"""How fast a gateway's scrape of the traffic port is answered while the proxy carries load.
+
+Run: ``.venv/bin/python -m bench.gateway_metrics [--seconds 5] [--rounds 3] [--connections 8]``.
+
+An inference gateway's endpoint picker scrapes every pod's traffic port for ``/metrics`` every
+50 ms and, with flow control on, treats figures older than 200 ms as saturation. This starts the
+fast upstream (``bench.fast_upstream``: a recorded real vLLM 0.32 page, 46 KB) and ``kv-sidecar run``
+in front of it, then per round, side by side: the scrape latency of the upstream's own page
+(``direct``) and of the sidecar's proxy port (``sidecar``), each idle and while a separate
+process keeps ``--connections`` keep-alive connections of completions going through the sidecar.
+The scraper polls like the EPP: one GET every 50 ms on a kept-alive connection. The table reports
+medians over rounds of p50, p99 and max in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import aiohttp
+
+from bench.proxy_overhead import RESULTS, free_port, start, throughput, wait_ready
+
+POLL_SECONDS = 0.05  # the EPP's default refresh interval
+
+
+async def scrape_latencies(url: str, seconds: float) -> list[float]:
+    """GET ``url`` every 50 ms for ``seconds``; the latency of each, body read in full."""
+    out: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            async with session.get(url) as response:
+                await response.read()
+            out.append(time.perf_counter() - started)
+            await asyncio.sleep(max(0.0, POLL_SECONDS - (time.perf_counter() - started)))
+    return out
+
+
+def start_load(url: str, seconds: float, connections: int) -> subprocess.Popen[bytes]:
+    """A separate process keeping ``connections`` connections of completions going for ``seconds``."""
+    code = (
+        "import asyncio, sys; from bench.proxy_overhead import throughput; "
+        f"print(asyncio.run(throughput({url!r}, {seconds!r}, {connections!r})))"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    """p50, p99 and max of one series."""
+    return {
+        "p50": statistics.median(latencies),
+        "p99": statistics.quantiles(latencies, n=100)[98],
+        "max": max(latencies),
+    }
+
+
+async def run(seconds: float, rounds: int, connections: int) -> dict[str, dict[str, float]]:
+    """Measure every (target, load) pair per round; medians over rounds."""
+    upstream_port, proxy_port, admin_port = free_port(), free_port(), free_port()
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    proxy = f"http://127.0.0.1:{proxy_port}"
+    processes = [start([sys.executable, "-m", "bench.fast_upstream", str(upstream_port)])]
+    await wait_ready(upstream + "/v1/models")
+    processes.append(
+        start([sys.executable, "-m", "sidecar", "run", "--upstream", upstream, "--listen", f"127.0.0.1:{proxy_port}",
+               "--admin-listen", f"127.0.0.1:{admin_port}", "--nvml", "off", "--log-level", "error"])
+    )  # fmt: skip
+    samples: dict[str, dict[str, list[float]]] = {}
+    try:
+        await wait_ready(proxy + "/v1/models")
+        await throughput(proxy, 1.0, connections)  # warm both up
+        for _ in range(rounds):
+            for loaded in (False, True):
+                for name, url in (("direct", upstream), ("sidecar", proxy)):
+                    load = start_load(proxy, seconds + 1.0, connections) if loaded else None
+                    if load is not None:
+                        await asyncio.sleep(0.5)
+                    row = samples.setdefault(f"{name} {'loaded' if loaded else 'idle'}", {})
+                    for key, value in summary(await scrape_latencies(url + "/metrics", seconds)).items():
+                        row.setdefault(key, []).append(value)
+                    if load is not None:
+                        output, _ = load.communicate(timeout=seconds + 30)
+                        row.setdefault("load_rps", []).append(float(output.decode().strip() or 0.0))
+        return {name: {k: statistics.median(v) for k, v in row.items()} for name, row in samples.items()}
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def main() -> None:
+    """Run and print the table; the figures are also written to ``bench/results``."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=8, help="load connections through the sidecar")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.seconds, args.rounds, args.connections))
+    print(f"{'/metrics of':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'load req/s':>12}")
+    for name, row in result.items():
+        rps = f"{row['load_rps']:>12.0f}" if "load_rps" in row else f"{'-':>12}"
+        print(f"{name:<16}{row['p50'] * 1e3:>8.2f}{row['p99'] * 1e3:>8.2f}{row['max'] * 1e3:>8.2f}{rps}")
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "connections": args.connections}
+    out = RESULTS / f"gateway_metrics-{stamp}.json"
+    out.write_text(json.dumps({"date": stamp, "machine": machine, "results": result}, indent=2) + "\n")
+    print(f"written to {out.relative_to(RESULTS.parent.parent)}")
+
+
+if __name__ == "__main__":
+    main()
