@@ -50,6 +50,7 @@ from sidecar.server.gateway import GatewayCollector, GatewayPage, current_load
 from sidecar.server.metrics import ProxyMetrics, register_monitor_metrics
 from sidecar.server.proxy import Proxy, ProxySettings
 from sidecar.signals import EngineSnapshot
+from sidecar.signals.kinds import EngineKind
 
 
 def usable_blocks(num_gpu_blocks: int) -> int:
@@ -193,6 +194,8 @@ class SidecarApp:
                 prefix_caching=config.enable_prefix_caching is not False,
                 source="engine",
             )
+        if snapshot is not None and snapshot.kind is not EngineKind.VLLM:
+            return None  # the prediction is vLLM's memory arithmetic, not another engine's pool
         ledger = self.monitor.ledger
         if ledger is not None and ledger.kv_pool_tokens:
             block_size = ledger.request.block_size

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 
+from sidecar.flags import engine_kind
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings, Severity
 from sidecar.monitor.monitor import Monitor
@@ -80,7 +81,9 @@ async def run_check(args: argparse.Namespace, inputs: PlanInputs, settings: Moni
             args.upstream,
             monitor,
             ScrapeMetrics(CollectorRegistry()),
-            settings=ScrapeSettings(timeout=args.scrape_timeout),
+            settings=ScrapeSettings(
+                timeout=args.scrape_timeout, engine=engine_kind(args.engine), metrics_url=args.engine_metrics
+            ),
             clock=time.monotonic,
             nvml=nvml,
         )

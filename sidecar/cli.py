@@ -34,6 +34,7 @@ from sidecar.flags import (
     add_deployment_flags,
     add_engine_flags,
     choice,
+    engine_kind,
     scrape_interval,
 )
 from sidecar.monitor.diagnose import MonitorSettings
@@ -216,7 +217,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         admin_listen=args.admin_listen,
         listen=args.listen,
         proxy=not args.no_proxy,
-        scrape=ScrapeSettings(interval=args.scrape_interval, timeout=args.scrape_timeout),
+        scrape=ScrapeSettings(
+            interval=args.scrape_interval,
+            timeout=args.scrape_timeout,
+            engine=engine_kind(args.engine),
+            metrics_url=args.engine_metrics,
+        ),
         nvml=args.nvml != "off",
         staleness=Staleness(after=args.stale_after, policy=args.stale_policy),
         outputs=OutputSettings(quantile=args.output_quantile),

@@ -15,9 +15,11 @@ from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
 from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS
+from sidecar.signals.kinds import EngineKind
 from sidecar.units import (
     parse_duration,
     parse_memory,
+    parse_metrics_url,
     parse_positive_int,
     parse_ratio,
     parse_size,
@@ -25,6 +27,12 @@ from sidecar.units import (
 )
 
 MIN_SCRAPE_INTERVAL = 0.05
+AUTO_ENGINE = "auto"
+
+
+def engine_kind(value: str) -> EngineKind | None:
+    """``--engine``'s value as the scraper takes it (``None``: decided by the page)."""
+    return None if value == AUTO_ENGINE else EngineKind(value)
 
 
 class Parser(argparse.ArgumentParser):
@@ -162,6 +170,19 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=parse_upstream,
         help="vLLM's URL, e.g. http://127.0.0.1:8000 (not .../v1)",
+    )
+    group.add_argument(
+        "--engine",
+        type=choice(AUTO_ENGINE, *EngineKind),
+        default=AUTO_ENGINE,
+        help=f"the model server behind --upstream: {AUTO_ENGINE} (what its page shows), "
+        + ", ".join(EngineKind)
+        + " (default %(default)s)",
+    )
+    group.add_argument(
+        "--engine-metrics",
+        type=parse_metrics_url,
+        help="the engine's Prometheus page when not at --upstream's (Triton: http://127.0.0.1:8002/metrics)",
     )
     group.add_argument(
         "--scrape-timeout", type=positive_duration, default=2.0, help="per scrape (default 2s)"

@@ -87,6 +87,16 @@ def parse_upstream(text: str) -> str:
     return f"{url.scheme}://{url.netloc}{path}"
 
 
+def parse_metrics_url(text: str) -> str:
+    """``--engine-metrics``: a full ``http(s)://`` URL of the engine's Prometheus page."""
+    url = urllib.parse.urlsplit(text.strip())
+    if url.scheme not in {"http", "https"} or not url.netloc:
+        raise UsageError(
+            f"invalid --engine-metrics {text!r}: give the page's full URL, e.g. http://127.0.0.1:8002/metrics"
+        )
+    return text.strip()
+
+
 def parse_duration(text: str) -> float:
     """Parse a duration such as ``500ms``, ``5s``, ``2m`` or ``0.5`` (seconds) into seconds."""
     match = _NUMBER_WITH_UNIT.match(text)

@@ -37,6 +37,8 @@ from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.ledger import Ledger
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import Observation, SignalHistory
+from sidecar.signals.engines import BY_KIND
+from sidecar.signals.kinds import EngineKind
 from sidecar.signals.vllm import EngineSnapshot
 from sidecar.units import format_gib
 
@@ -305,6 +307,16 @@ def _load_diagnoses(history: SignalHistory, now: float, settings: MonitorSetting
     return found
 
 
+def _metrics_missing(kind: EngineKind) -> Diagnosis:
+    if kind is EngineKind.VLLM:
+        message = "the engine's page has neither vllm:kv_cache_usage_perc nor vllm:gpu_cache_usage_perc"
+        advice = "check that --upstream is a vLLM server and whether this vLLM version renamed the metric"
+    else:
+        message = f"the {kind} page reports no KV-cache usage ({BY_KIND[kind].kv_usage.name})"
+        advice = f"check the {kind} version and its metrics settings; admission decides without the gauge"
+    return Diagnosis(DiagnosisId.ENGINE_METRICS_MISSING, Severity.WARNING, message, advice)
+
+
 def diagnose(
     *,
     comparison: Comparison,
@@ -329,14 +341,7 @@ def diagnose(
             )
         )
     if snapshot is not None and snapshot.kv_usage_metric is None:
-        found.append(
-            Diagnosis(
-                DiagnosisId.ENGINE_METRICS_MISSING,
-                Severity.WARNING,
-                "the engine's page has neither vllm:kv_cache_usage_perc nor vllm:gpu_cache_usage_perc",
-                "check that --upstream is a vLLM server and whether this vLLM version renamed the metric",
-            )
-        )
+        found.append(_metrics_missing(snapshot.kind))
     if model_error is not None:
         found.append(
             Diagnosis(

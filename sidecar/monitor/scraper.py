@@ -21,7 +21,9 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
-from sidecar.signals import MetricsParseError, parse_vllm_metrics
+from sidecar.signals import MetricsParseError
+from sidecar.signals.engines import BY_KIND, detect, parse_engine_metrics
+from sidecar.signals.kinds import EngineKind
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_PAGE_BYTES = 16 * 1024 * 1024
@@ -59,6 +61,14 @@ class ScrapeSettings:
     interval: float = 0.1  # fresh step counts make capacity admission tighter; vLLM renders its page in ~ms
     timeout: float = 2.0
     max_backoff: float = 5.0
+    engine: EngineKind | None = None  # None: whichever engine the page shows (vLLM when none)
+    metrics_url: str | None = None  # None: the upstream's, at the engine's path
+
+    def metrics_path(self) -> str:
+        """The path of the engine's Prometheus page on the upstream."""
+        if self.engine is None or self.engine is EngineKind.VLLM:
+            return "/metrics"
+        return BY_KIND[self.engine].metrics_path
 
 
 class _ScrapeFailedError(Exception):
@@ -91,24 +101,33 @@ class EngineScraper:
         self._nvml = nvml
         self._models_fetched = False
         self._on_round = on_round
+        self._metrics_url = settings.metrics_url or f"{self._base}{settings.metrics_path()}"
         self.last_page = b""
         """The last page that scanned cleanly, as the engine sent it (served again to gateways)."""
 
     async def _fetch_page(self) -> bytes:
+        url = self._metrics_url
         try:
-            response = await self._client.get(f"{self._base}/metrics", timeout=self._settings.timeout)
+            response = await self._client.get(url, timeout=self._settings.timeout)
         except httpx.TimeoutException:
-            message = f"no answer from {self._base}/metrics within {self._settings.timeout}s"
+            message = f"no answer from {url} within {self._settings.timeout}s"
             raise _ScrapeFailedError("timeout", message) from None
         except httpx.HTTPError as exc:
-            raise _ScrapeFailedError(
-                "connect", f"{self._base}/metrics: {type(exc).__name__}: {exc}"
-            ) from None
+            raise _ScrapeFailedError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
         if response.status_code != httpx.codes.OK:
-            raise _ScrapeFailedError("status", f"{self._base}/metrics answered HTTP {response.status_code}")
+            raise _ScrapeFailedError("status", f"{url} answered HTTP {response.status_code}")
         if len(response.content) > MAX_PAGE_BYTES:
-            raise _ScrapeFailedError("too_large", f"{self._base}/metrics is over {MAX_PAGE_BYTES} bytes")
+            raise _ScrapeFailedError("too_large", f"{url} is over {MAX_PAGE_BYTES} bytes")
         return response.content
+
+    def _found_elsewhere(self, page: bytes) -> bool:
+        """With no engine named, a JSON ``/metrics`` is trtllm-serve's: its Prometheus page is elsewhere."""
+        if self._settings.engine is not None or self._settings.metrics_url is not None:
+            return False
+        if page.lstrip()[:1] not in (b"[", b"{") or self._metrics_url.endswith("/prometheus/metrics"):
+            return False
+        self._metrics_url = f"{self._base}{BY_KIND[EngineKind.TRTLLM_SERVE].metrics_path}"
+        return True
 
     async def _fetch_max_model_len(self) -> None:
         """Read ``max_model_len`` and the served model name from ``/v1/models`` (best effort)."""
@@ -138,7 +157,10 @@ class EngineScraper:
         started = time.perf_counter()
         try:
             page = await self._fetch_page()
-            snapshot = parse_vllm_metrics(page.decode("utf-8", errors="replace"))
+            if self._found_elsewhere(page):
+                page = await self._fetch_page()
+            text = page.decode("utf-8", errors="replace")
+            snapshot = parse_engine_metrics(text, self._settings.engine or detect(text))
         except _ScrapeFailedError as failure:
             self._metrics.errors.labels(reason=failure.reason).inc()
             self._models_fetched = False

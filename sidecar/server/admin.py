@@ -7,7 +7,7 @@ With ``--admin-token`` every endpoint but the probes (``/healthz``, ``/readyz``)
 It runs on its own port, apart from client traffic. ``/readyz`` answers 200 while the sidecar can
 serve: not draining, the engine reachable (or the stale policy is ``open``, so the sidecar passes
 traffic through even when it cannot see the engine), and the upstream's ``/metrics`` a vLLM page
-(503 ``upstream-not-vllm`` otherwise: ``--upstream`` points at another service). Handlers only read
+(503 ``upstream-not-an-engine`` otherwise: ``--upstream`` points at another service). Handlers only read
 the monitor.
 """
 
@@ -28,6 +28,7 @@ from sidecar.admission.controller import AdmissionController
 from sidecar.admission.pressure import StaleMode, Staleness
 from sidecar.budget.report import ledger_to_dict
 from sidecar.monitor.monitor import Monitor
+from sidecar.signals.kinds import EngineKind
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Admin paths that stay open with ``--admin-token``: kubelet probes send no credentials."""
@@ -73,7 +74,20 @@ def budget_document(monitor: Monitor) -> dict[str, Any]:
     }
 
 
-def admission_document(controller: AdmissionController) -> dict[str, Any]:
+def fallback_reason(monitor: Monitor) -> str:
+    """Why capacity admission has no pool to plan against (what ``/status`` says of the fallback)."""
+    snapshot = monitor.engine.snapshot
+    if snapshot is None:
+        return "the engine's page has not been read yet"
+    config = snapshot.cache_config
+    if snapshot.kind is not EngineKind.VLLM and not (config and config.num_gpu_blocks and config.block_size):
+        return f"the {snapshot.kind} page reports no KV pool in blocks (the prediction is vLLM's arithmetic)"
+    if monitor.request_max_model_len() is None:
+        return "no max_model_len known yet (the engine's /v1/models, or --max-model-len)"
+    return "no KV pool known yet (the engine's cache config, or a prediction)"
+
+
+def admission_document(controller: AdmissionController, fallback: str | None = None) -> dict[str, Any]:
     """The admission part of ``GET /status``: pressure, queues, in-flight requests."""
     detector = controller.detector
     now = controller.now()
@@ -82,7 +96,7 @@ def admission_document(controller: AdmissionController) -> dict[str, Any]:
         "policy": {
             "requested": controller.config.mode.value,
             "effective": policy.value,
-            "fallback": None if policy is controller.config.mode else "no KV pool or max_model_len known yet",
+            "fallback": None if policy is controller.config.mode else (fallback or "no KV pool known yet"),
         },
         "pressure": {
             "state": detector.state.value,
@@ -108,7 +122,7 @@ def status_document(
     engine = monitor.engine
     snapshot = engine.snapshot
     return {
-        "admission": admission_document(controller) if controller is not None else None,
+        "admission": admission_document(controller, fallback_reason(monitor)) if controller else None,
         "version": __version__,
         "draining": lifecycle.draining,
         "engine": {
@@ -116,6 +130,7 @@ def status_document(
             "metrics_age_seconds": _finite(engine.metrics_age(now)),
             "last_error": engine.last_error,
             "consecutive_failures": engine.consecutive_failures,
+            "kind": snapshot.kind.value if snapshot else None,
             "kv_cache_usage_ratio": snapshot.kv_usage if snapshot else None,
             "running": snapshot.running if snapshot else None,
             "waiting": snapshot.waiting if snapshot else None,
@@ -160,9 +175,9 @@ def build_admin_app(  # noqa: PLR0917 - the app's collaborators, each passed exp
         stale = lifecycle.staleness.is_stale(engine.up, engine.metrics_age(clock()))
         if stale and lifecycle.staleness.policy is StaleMode.CLOSED:
             return web.json_response({"ready": False, "reason": "engine-unavailable"}, status=503)
-        if engine.up and engine.snapshot is not None and engine.snapshot.kv_usage_metric is None:
-            # it answers /metrics, but not with vLLM's page: --upstream points at something else
-            return web.json_response({"ready": False, "reason": "upstream-not-vllm"}, status=503)
+        if engine.up and engine.snapshot is not None and not engine.snapshot.engines:
+            # it answers /metrics, but with no family of any engine: --upstream points at something else
+            return web.json_response({"ready": False, "reason": "upstream-not-an-engine"}, status=503)
         return web.json_response({"ready": True, "engine_up": bool(monitor.engine.up)})
 
     async def budget(_: web.Request) -> web.Response:

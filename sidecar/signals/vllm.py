@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from sidecar.signals.kinds import EngineKind
 from sidecar.signals.scan import Sample, scan
 
 KV_USAGE: Final = "vllm:kv_cache_usage_perc"
@@ -162,6 +163,7 @@ class EngineSnapshot:
     model_name: str | None
     cache_config: CacheConfig | None
     kv_usage_metric: str | None  # which name the KV usage came from; None when the page had neither
+    kind: EngineKind = EngineKind.VLLM  # whose page it was
 
     @property
     def kv_usage(self) -> float | None:

@@ -115,13 +115,13 @@ async def test_closed_stale_policy_makes_readyz_fail(fake_vllm: FakeVllm) -> Non
         await running.app.stop()
 
 
-async def test_an_upstream_that_is_not_vllm_is_not_ready(
+async def test_an_upstream_that_is_no_engine_is_not_ready(
     fake_vllm: FakeVllm, sidecar: RunningSidecar
 ) -> None:
     await eventually(lambda: _status(sidecar, "/readyz", 200))
     fake_vllm.state.metrics_page = "# a Prometheus page, but not vLLM's\nprocess_cpu_seconds_total 12.5\n"
     await eventually(lambda: _status(sidecar, "/readyz", 503))
-    assert (await sidecar.get("/readyz")).json() == {"ready": False, "reason": "upstream-not-vllm"}
+    assert (await sidecar.get("/readyz")).json() == {"ready": False, "reason": "upstream-not-an-engine"}
 
 
 async def _status(sidecar: RunningSidecar, path: str, code: int) -> bool:
