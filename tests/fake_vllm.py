@@ -77,6 +77,7 @@ class FakeVllmState:
     max_model_len: int = 1024
     model: str = "tiny"
     metrics_requests: int = 0
+    json_metrics: bool = False  # as trtllm-serve: /metrics is JSON, the Prometheus page at /prometheus/metrics
     generation_status: int = 200
     die_after_chunks: int | None = None  # close the connection mid-stream (the engine died)
     drop_before_answer: bool = False  # close the connection before answering
@@ -100,10 +101,12 @@ class FakeVllmState:
 def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 - one handler per route
     """The aiohttp app of the fake."""
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         state.metrics_requests += 1
         if state.metrics_delay:
             await asyncio.sleep(state.metrics_delay)
+        if state.json_metrics and request.path == "/metrics":
+            return web.json_response([])  # trtllm-serve's iteration-stats queue, drained
         return web.Response(text=state.metrics_page, status=state.metrics_status, content_type="text/plain")
 
     async def models(_: web.Request) -> web.Response:
@@ -191,6 +194,7 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 -
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/prometheus/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
     app.router.add_get("/health", health)

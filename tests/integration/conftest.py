@@ -88,7 +88,8 @@ async def start_sidecar(
             admin_listen=("127.0.0.1", 0),
             listen=("127.0.0.1", 0),
             proxy=proxy,
-            scrape=ScrapeSettings(interval=INTERVAL, timeout=scrape_timeout, max_backoff=0.2),
+            scrape=overrides.pop("scrape", None)
+            or ScrapeSettings(interval=INTERVAL, timeout=scrape_timeout, max_backoff=0.2),
             nvml=False,
             staleness=Staleness(policy=StaleMode(stale_policy)),
             **overrides,
