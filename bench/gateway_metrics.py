@@ -1,6 +1,6 @@
 """How fast a gateway's scrape of the traffic port is answered while the proxy carries load.
 
-Run: ``.venv/bin/python -m bench.gateway_metrics [--seconds 5] [--rounds 3] [--connections 8]``.
+Run: ``.venv/bin/python -m bench.gateway_metrics [--seconds 5] [--rounds 3] [--connections 8] [--engine fast|vllm]``.
 
 An inference gateway's endpoint picker scrapes every pod's traffic port for ``/metrics`` every
 50 ms and, with flow control on, treats figures older than 200 ms as saturation. This starts the
@@ -10,25 +10,36 @@ in front of it, then per round, side by side: the scrape latency of the upstream
 process keeps ``--connections`` keep-alive connections of completions going through the sidecar.
 The scraper polls like the EPP: one GET every 50 ms on a kept-alive connection. The table reports
 medians over rounds of p50, p99 and max in milliseconds.
+
+``--engine fast`` (the default) is the worst case for the sidecar: the fast upstream answers at once,
+so eight connections keep the proxy's event loop busy all the time (~1,300 requests a second here).
+``--engine vllm`` puts the real vLLM CPU server (the tiny generated model, ``bench.vllm_harness``)
+behind it, as a user would: eight connections of real completions (fresh random prompts, 64 tokens
+out), the proxy mostly waiting on the engine, the engine using the machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import aiohttp
 
 from bench.proxy_overhead import RESULTS, free_port, start, throughput, wait_ready
+from bench.vllm_harness import VllmServer, make_tiny_model, vllm_python
 
 POLL_SECONDS = 0.05  # the EPP's default refresh interval
 
@@ -47,13 +58,40 @@ async def scrape_latencies(url: str, seconds: float) -> list[float]:
     return out
 
 
-def start_load(url: str, seconds: float, connections: int) -> subprocess.Popen[bytes]:
+def start_load(url: str, seconds: float, connections: int, *, real: bool = False) -> subprocess.Popen[bytes]:
     """A separate process keeping ``connections`` connections of completions going for ``seconds``."""
     code = (
-        "import asyncio, sys; from bench.proxy_overhead import throughput; "
+        "import asyncio, sys; from bench.gateway_metrics import real_throughput; "
+        f"print(asyncio.run(real_throughput({url!r}, {seconds!r}, {connections!r})))"
+        if real
+        else "import asyncio, sys; from bench.proxy_overhead import throughput; "
         f"print(asyncio.run(throughput({url!r}, {seconds!r}, {connections!r})))"
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+async def real_throughput(url: str, seconds: float, connections: int) -> float:
+    """Completions per second against a real engine: fresh random 100-token prompts, 64 tokens out."""
+    rng = random.Random()
+    done = 0
+    deadline = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections)) as session:
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                body = {
+                    "model": "tiny",
+                    "prompt": [rng.randrange(1, 500) for _ in range(100)],
+                    "max_tokens": 64,
+                }
+                async with session.post(url + "/v1/completions", json=body) as response:
+                    await response.read()
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        return done / (time.perf_counter() - started)
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
@@ -65,13 +103,40 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-async def run(seconds: float, rounds: int, connections: int) -> dict[str, dict[str, float]]:
+async def run(seconds: float, rounds: int, connections: int, engine: str) -> dict[str, dict[str, float]]:
     """Measure every (target, load) pair per round; medians over rounds."""
-    upstream_port, proxy_port, admin_port = free_port(), free_port(), free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}"
+    proxy_port, admin_port = free_port(), free_port()
     proxy = f"http://127.0.0.1:{proxy_port}"
-    processes = [start([sys.executable, "-m", "bench.fast_upstream", str(upstream_port)])]
-    await wait_ready(upstream + "/v1/models")
+    with contextlib.ExitStack() as stack:
+        if engine == "vllm":
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kv-sidecar-gateway-")))
+            python = vllm_python()
+            server = VllmServer(
+                python, make_tiny_model(python, workdir / "tiny-model"), log_path=workdir / "vllm.log"
+            )
+            stack.enter_context(server)
+            return await _measure(server.url, proxy, admin_port, [], seconds, rounds, connections, real=True)
+        upstream_port = free_port()
+        upstream = f"http://127.0.0.1:{upstream_port}"
+        processes = [start([sys.executable, "-m", "bench.fast_upstream", str(upstream_port)])]
+        await wait_ready(upstream + "/v1/models")
+        return await _measure(
+            upstream, proxy, admin_port, processes, seconds, rounds, connections, real=False
+        )
+
+
+async def _measure(
+    upstream: str,
+    proxy: str,
+    admin_port: int,
+    processes: list[subprocess.Popen[bytes]],
+    seconds: float,
+    rounds: int,
+    connections: int,
+    *,
+    real: bool,
+) -> dict[str, dict[str, float]]:
+    proxy_port = proxy.rsplit(":", 1)[1]
     processes.append(
         start([sys.executable, "-m", "sidecar", "run", "--upstream", upstream, "--listen", f"127.0.0.1:{proxy_port}",
                "--admin-listen", f"127.0.0.1:{admin_port}", "--nvml", "off", "--log-level", "error"])
@@ -79,11 +144,12 @@ async def run(seconds: float, rounds: int, connections: int) -> dict[str, dict[s
     samples: dict[str, dict[str, list[float]]] = {}
     try:
         await wait_ready(proxy + "/v1/models")
-        await throughput(proxy, 1.0, connections)  # warm both up
+        if not real:
+            await throughput(proxy, 1.0, connections)  # warm both up
         for _ in range(rounds):
             for loaded in (False, True):
                 for name, url in (("direct", upstream), ("sidecar", proxy)):
-                    load = start_load(proxy, seconds + 1.0, connections) if loaded else None
+                    load = start_load(proxy, seconds + 1.0, connections, real=real) if loaded else None
                     if load is not None:
                         await asyncio.sleep(0.5)
                     row = samples.setdefault(f"{name} {'loaded' if loaded else 'idle'}", {})
@@ -111,15 +177,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8, help="load connections through the sidecar")
+    parser.add_argument("--engine", choices=("fast", "vllm"), default="fast", help="what the sidecar fronts")
     args = parser.parse_args()
-    result = asyncio.run(run(args.seconds, args.rounds, args.connections))
+    result = asyncio.run(run(args.seconds, args.rounds, args.connections, args.engine))
     print(f"{'/metrics of':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'load req/s':>12}")
     for name, row in result.items():
         rps = f"{row['load_rps']:>12.0f}" if "load_rps" in row else f"{'-':>12}"
         print(f"{name:<16}{row['p50'] * 1e3:>8.2f}{row['p99'] * 1e3:>8.2f}{row['max'] * 1e3:>8.2f}{rps}")
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "connections": args.connections}
+    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "connections": args.connections,
+               "engine": args.engine}  # fmt: skip
     out = RESULTS / f"gateway_metrics-{stamp}.json"
     out.write_text(json.dumps({"date": stamp, "machine": machine, "results": result}, indent=2) + "\n")
     print(f"written to {out.relative_to(RESULTS.parent.parent)}")

@@ -200,6 +200,16 @@ def kv_pressure() -> dashboard.Dashboard:
         )
         .with_panel(
             panel(
+                "What an inference gateway sees",
+                "short",
+                "The series the sidecar serves on the traffic port for an endpoint picker: queued (the engine's "
+                "waiting plus the sidecar's queue) and running requests, per pod.",
+                query(f"sum by (pod) (kv_sidecar_gateway_queued_requests{{{SEL}}})", "{{pod}} queued"),
+                query(f"sum by (pod) (kv_sidecar_gateway_running_requests{{{SEL}}})", "{{pod}} running"),
+            )
+        )
+        .with_panel(
+            panel(
                 "Queue wait p95",
                 "s",
                 "95th percentile of the time requests spent queued, by lane.",
