@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 import time
 from collections.abc import Callable
@@ -366,7 +365,6 @@ class SidecarApp:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await self.start()
-        gc.freeze()  # start-up objects (model config, tokenizer, tables) never die: keep them out of collections
         try:
             await stop.wait()
             await self.drain()
