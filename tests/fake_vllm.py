@@ -77,7 +77,7 @@ class FakeVllmState:
     max_model_len: int = 1024
     model: str = "tiny"
     metrics_requests: int = 0
-    json_metrics: bool = False  # as trtllm-serve: /metrics is JSON, the Prometheus page at /prometheus/metrics
+    json_metrics: bool = False  # as trtllm-serve: JSON at /metrics, Prometheus at /prometheus/metrics
     generation_status: int = 200
     die_after_chunks: int | None = None  # close the connection mid-stream (the engine died)
     drop_before_answer: bool = False  # close the connection before answering

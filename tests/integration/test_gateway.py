@@ -53,7 +53,10 @@ async def test_the_proxy_port_serves_the_engine_page_and_the_gateway_series(
     fake_vllm: FakeVllm, gateway_sidecar: RunningSidecar
 ) -> None:
     await asyncio.sleep(3 * INTERVAL)
-    async with aiohttp.ClientSession() as session, session.get(gateway_sidecar.proxy + "/metrics") as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gateway_sidecar.proxy + "/metrics") as response,
+    ):
         text = await response.text()
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert "vllm:kv_cache_usage_perc" in text  # the engine's families, for what else the gateway reads
