@@ -46,8 +46,9 @@ from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
+from sidecar.server.connection import HEADER_TIMEOUT_SECONDS, HeadDeadline, head_middleware, serve_guarded
 from sidecar.server.gateway import GatewayCollector, GatewayPage, current_load
-from sidecar.server.metrics import ProxyMetrics, register_monitor_metrics
+from sidecar.server.metrics import ConnectionMetrics, ProxyMetrics, register_monitor_metrics
 from sidecar.server.proxy import Proxy, ProxySettings
 from sidecar.signals import EngineSnapshot
 from sidecar.signals.kinds import EngineKind
@@ -83,18 +84,12 @@ class RunOptions:
     queue: QueueSettings = field(default_factory=QueueSettings)
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout: float = 30.0
+    header_timeout: float = HEADER_TIMEOUT_SECONDS
     tenant_header: str = "X-Tenant-Id"
     tokenizer_model: str | None = None
     admin_token: str | None = None
     upstream_timeout: float = 900.0
     model_retry: float = MODEL_RETRY_SECONDS
-
-
-def _bound_port(site: web.TCPSite, requested: int) -> int:
-    """The port a site actually bound (differs from ``requested`` when that was 0)."""
-    server = site._server  # noqa: SLF001 - aiohttp has no public getter for the bound socket
-    sockets = getattr(server, "sockets", None) or []
-    return int(sockets[0].getsockname()[1]) if sockets else requested
 
 
 class SidecarApp:
@@ -168,6 +163,9 @@ class SidecarApp:
         self._scraper: EngineScraper | None = None
         self._scrape_task: asyncio.Task[None] | None = None
         self._runners: list[web.AppRunner] = []
+        self._listeners: list[asyncio.Server] = []
+        self._guards: dict[object, HeadDeadline] = {}
+        self.connection_metrics = ConnectionMetrics(self.registry)
         self.admin_port: int | None = None
         self.proxy_port: int | None = None
 
@@ -250,8 +248,9 @@ class SidecarApp:
         )
 
     async def _serve(
-        self, app: web.Application, address: tuple[str, int], *, cancel_on_disconnect: bool
+        self, app: web.Application, address: tuple[str, int], *, cancel_on_disconnect: bool, port_name: str
     ) -> int:
+        app.middlewares.insert(0, head_middleware(self._guards))
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -265,9 +264,13 @@ class SidecarApp:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, address[0], address[1], reuse_address=True)
-        await site.start()
-        return _bound_port(site, address[1])
+        timeouts = self.connection_metrics.header_timeouts.labels(port=port_name)
+        listener = await serve_guarded(
+            runner, address[0], address[1], head_timeout=self.options.header_timeout, guards=self._guards,
+            on_timeout=timeouts.inc,
+        )  # fmt: skip
+        self._listeners.append(listener)
+        return int(listener.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
         """Bind the admin (and proxy) ports, then start scraping."""
@@ -290,11 +293,13 @@ class SidecarApp:
             self.controller,
             token=self.options.admin_token,
         )
-        self.admin_port = await self._serve(admin, self.options.admin_listen, cancel_on_disconnect=False)
+        self.admin_port = await self._serve(
+            admin, self.options.admin_listen, cancel_on_disconnect=False, port_name="admin"
+        )
         if self.proxy is not None:
             await self.proxy.start()
             self.proxy_port = await self._serve(
-                self.proxy.app(), self.options.listen, cancel_on_disconnect=True
+                self.proxy.app(), self.options.listen, cancel_on_disconnect=True, port_name="proxy"
             )
         self._scrape_task = asyncio.create_task(self._scraper.supervise(self.log), name="kv-sidecar-scraper")
         if self._resolve_model is not None:
@@ -347,9 +352,14 @@ class SidecarApp:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        for listener in self._listeners:
+            listener.close()  # no new connections; the runners close the open ones
         for runner in reversed(self._runners):
             await runner.cleanup()
+        for listener in self._listeners:
+            await listener.wait_closed()
         self._runners.clear()
+        self._listeners.clear()
         if self.proxy is not None:
             await self.proxy.close()
         if self._client is not None:

@@ -243,6 +243,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ),
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
+        header_timeout=args.header_timeout,
         tenant_header=args.tenant_header,
         tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
         admin_token=args.admin_token or None,

@@ -15,6 +15,7 @@ from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
 from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS
+from sidecar.server.connection import HEADER_TIMEOUT_SECONDS
 from sidecar.signals.kinds import EngineKind
 from sidecar.units import (
     parse_duration,
@@ -203,6 +204,12 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     add = group.add_argument
     add("--max-body-bytes", type=parse_size, default=16 * 1024 * 1024, help="request body limit (413 above)")
     add("--body-timeout", type=positive_duration, default=30.0, help="time to receive a request body (408)")
+    add(
+        "--header-timeout",
+        type=positive_duration,
+        default=HEADER_TIMEOUT_SECONDS,
+        help="time to receive a request's head once it starts (408, connection closed; default %(default)ss)",
+    )
     add(
         "--pressure-threshold",
         type=parse_ratio,

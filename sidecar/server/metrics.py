@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -194,6 +194,20 @@ LATENCY_BUCKETS = (
     300,
 )
 """Latency buckets of the proxy's histograms, in seconds."""
+
+
+class ConnectionMetrics:
+    """Connections closed by the sidecar itself, per listening port."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.header_timeouts = Counter(
+            "kv_sidecar_header_timeouts",
+            "Connections closed (408) because a request head did not arrive within --header-timeout.",
+            ["port"],
+            registry=registry,
+        )
+        for port in ("proxy", "admin"):
+            self.header_timeouts.labels(port=port)
 
 
 class ProxyMetrics:

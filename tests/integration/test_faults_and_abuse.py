@@ -177,6 +177,59 @@ async def test_slow_sender_gets_408(sidecar: RunningSidecar) -> None:
     await still_serving(sidecar)
 
 
+async def dribble(port: int, head: bytes, *, every: float, limit: float) -> tuple[bytes, float]:
+    """Send ``head`` a byte every ``every`` seconds; what came back and when, or everything by ``limit``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    answer = b""
+    try:
+        for byte in head:
+            writer.write(bytes([byte]))
+            try:
+                answer += await asyncio.wait_for(reader.read(65536), every)
+            except TimeoutError:
+                continue
+            if answer or time.monotonic() - started > limit:
+                break
+        return answer, time.monotonic() - started
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("port", ["proxy", "admin"])
+async def test_a_head_sent_byte_by_byte_is_cut_off(fake_vllm: FakeVllm, port: str) -> None:
+    """Slowloris: a request head dribbled in for longer than --header-timeout gets 408 and a closed connection."""
+    running = await start_sidecar(fake_vllm.url, proxy=True, header_timeout=1.0)
+    try:
+        url = running.proxy if port == "proxy" else running.admin
+        head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
+        answer, took = await dribble(int(url.rsplit(":", 1)[1]), head, every=0.1, limit=10)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert 0.9 < took < 3.0
+        assert await running.metric("kv_sidecar_header_timeouts_total", port=port) == 1.0
+        await still_serving(running)
+    finally:
+        await running.app.stop()
+
+
+async def test_an_idle_keep_alive_connection_is_not_a_slow_head(fake_vllm: FakeVllm) -> None:
+    """Silence between requests is keep-alive's business: a connection idle past --header-timeout still works."""
+    running = await start_sidecar(fake_vllm.url, proxy=True, header_timeout=0.5)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            for _ in range(2):
+                async with session.get(running.proxy + "/v1/models") as response:
+                    assert response.status == 200
+                await asyncio.sleep(1.0)
+            async with session.post(
+                running.proxy + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}
+            ) as response:
+                assert response.status == 200
+        assert await running.metric("kv_sidecar_header_timeouts_total", port="proxy") == 0.0
+    finally:
+        await running.app.stop()
+
+
 async def test_wrong_content_types_and_odd_bodies(fake_vllm: FakeVllm, sidecar: RunningSidecar) -> None:
     async with aiohttp.ClientSession() as session:
         for data, content_type in [(b"prompt=hi", "application/x-www-form-urlencoded"), (b"\x00\x01\x02", "application/octet-stream"),

@@ -1,0 +1,147 @@
+r"""A deadline on request heads, which aiohttp does not have: slow clients cannot hold connections.
+
+Theory of operation
+-------------------
+aiohttp's server limits the size of a request line and of each header, and closes idle keep-alive
+connections, but it never limits how long a request's head may take to arrive: a client that sends
+``GET / HTTP/1.1\r\n`` and then one byte every few seconds ("slowloris") holds its connection and
+a parser for as long as it likes, and a few thousand such clients exhaust the sidecar's file
+descriptors. (Bodies are bounded already: the proxy reads them within ``--body-timeout``.)
+
+:class:`HeadDeadline` wraps the protocol aiohttp's server creates for each connection, passing
+every call through. A connection is *between requests* when it opens and whenever a handler has
+finished; the first bytes that arrive between requests start a timer of ``timeout`` seconds, and
+the request's handler starting (its head has been parsed) stops it. When the timer fires, the
+client gets ``408 Request Timeout`` with ``Connection: close`` and the connection is closed. An
+idle keep-alive connection (no bytes at all) starts no timer: closing those is aiohttp's keep-alive
+timeout's job. Bytes that arrive while a handler runs (a pipelined next request, a body) start no
+timer either; the next bytes after the handler has finished do.
+
+The handler's start and end are signalled by :func:`head_middleware` (an aiohttp middleware on both
+the proxy and the admin application), which finds the connection's guard by its transport.
+:func:`serve_guarded` binds a listening socket whose connections are so wrapped; aiohttp's runner
+still tracks and shuts down every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from aiohttp import web
+
+HEADER_TIMEOUT_SECONDS = 10.0
+"""Default of ``--header-timeout``: a head is at most 8 KiB; real clients send it in well under this."""
+TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+class HeadDeadline(asyncio.Protocol):
+    """One connection: aiohttp's protocol, with a deadline on each request head."""
+
+    def __init__(
+        self,
+        inner: asyncio.Protocol,
+        timeout: float,
+        guards: dict[object, HeadDeadline],
+        on_timeout: Callable[[], None],
+    ) -> None:
+        self._inner = inner
+        self._timeout = timeout
+        self._guards = guards
+        self._on_timeout = on_timeout
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._between_requests = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Register the connection and hand it to aiohttp."""
+        self._transport = cast("asyncio.Transport", transport)  # a stream server's (uvloop's is no subclass)
+        self._guards[transport] = self
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        """Start the head's clock on the first bytes between requests, then pass the bytes on."""
+        if self._between_requests and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        """Passed through."""
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection; aiohttp cleans up its side."""
+        self._stop_timer()
+        if self._transport is not None:
+            self._guards.pop(self._transport, None)
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """Passed through (aiohttp's flow control)."""
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        """Passed through (aiohttp's flow control)."""
+        self._inner.resume_writing()
+
+    def request_started(self) -> None:
+        """A head was parsed and its handler runs: the deadline is met."""
+        self._between_requests = False
+        self._stop_timer()
+
+    def request_finished(self) -> None:
+        """The handler is done: the next bytes begin the next request's head."""
+        self._between_requests = True
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self._between_requests or self._transport is None or self._transport.is_closing():
+            return
+        self._on_timeout()
+        self._transport.write(TIMEOUT_RESPONSE)
+        self._transport.close()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def head_middleware(guards: dict[object, HeadDeadline]) -> Any:
+    """An aiohttp middleware telling each connection's guard when its handler starts and ends."""
+
+    @web.middleware
+    async def mark(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard = guards.get(request.transport) if request.transport is not None else None
+        if guard is not None:
+            guard.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if guard is not None:
+                guard.request_finished()
+
+    return mark
+
+
+async def serve_guarded(
+    runner: web.BaseRunner,
+    host: str,
+    port: int,
+    *,
+    head_timeout: float,
+    guards: dict[object, HeadDeadline],
+    on_timeout: Callable[[], None],
+) -> asyncio.Server:
+    """Listen on ``host:port``; each connection is aiohttp's protocol wrapped in a :class:`HeadDeadline`."""
+    server = runner.server
+    if server is None:
+        raise RuntimeError("the runner is not set up")
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: HeadDeadline(server(), head_timeout, guards, on_timeout), host, port, reuse_address=True
+    )
