@@ -45,6 +45,7 @@ class Reason(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context-length-exceeded"
     BODY_TOO_LARGE = "body-too-large"
     BODY_TIMEOUT = "body-timeout"
+    HEADER_TIMEOUT = "header-timeout"
     HEADERS_TOO_LARGE = "headers-too-large"
     INVALID_REQUEST = "invalid-request"
     CLIENT_DISCONNECTED = "client-disconnected"
@@ -73,6 +74,7 @@ _STATUS = {
     Reason.CONTEXT_LENGTH_EXCEEDED: 400,
     Reason.BODY_TOO_LARGE: 413,
     Reason.BODY_TIMEOUT: 408,
+    Reason.HEADER_TIMEOUT: 408,
     Reason.HEADERS_TOO_LARGE: 431,
     Reason.INVALID_REQUEST: 400,
     Reason.CLIENT_DISCONNECTED: 499,
@@ -88,6 +90,7 @@ _TYPE = {
     Reason.CONTEXT_LENGTH_EXCEEDED: "invalid_request_error",
     Reason.BODY_TOO_LARGE: "invalid_request_error",
     Reason.BODY_TIMEOUT: "invalid_request_error",
+    Reason.HEADER_TIMEOUT: "invalid_request_error",
     Reason.HEADERS_TOO_LARGE: "invalid_request_error",
     Reason.INVALID_REQUEST: "invalid_request_error",
     Reason.CLIENT_DISCONNECTED: "client_disconnected",

@@ -26,14 +26,30 @@ still tracks and shuts down every connection.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiohttp import web
 
+from sidecar.admission.outcomes import Reason
+
 HEADER_TIMEOUT_SECONDS = 10.0
 """Default of ``--header-timeout``: a head is at most 8 KiB; real clients send it in well under this."""
-TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+def timeout_response(timeout: float) -> bytes:
+    """The bytes of the 408: the sidecar's usual error body and reason header, and ``Connection: close``."""
+    reason = Reason.HEADER_TIMEOUT
+    message = f"the request head did not arrive within {timeout:g}s"
+    body = json.dumps(
+        {"error": {"message": message, "type": reason.error_type, "param": None, "code": reason}}
+    )
+    head = (
+        f"HTTP/1.1 {reason.status} Request Timeout\r\nContent-Type: application/json\r\n"
+        f"X-KV-Sidecar-Reason: {reason}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return (head + body).encode()
 
 
 class HeadDeadline(asyncio.Protocol):
@@ -104,7 +120,7 @@ class HeadDeadline(asyncio.Protocol):
         if not self._between_requests or self._transport is None or self._transport.is_closing():
             return
         self._on_timeout()
-        self._transport.write(TIMEOUT_RESPONSE)
+        self._transport.write(timeout_response(self._timeout))
         self._transport.close()
 
 

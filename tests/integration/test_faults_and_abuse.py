@@ -205,6 +205,7 @@ async def test_a_head_sent_byte_by_byte_is_cut_off(fake_vllm: FakeVllm, port: st
         head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
         answer, took = await dribble(int(url.rsplit(":", 1)[1]), head, every=0.1, limit=10)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert b"X-KV-Sidecar-Reason: header-timeout" in answer
         assert 0.9 < took < 3.0
         assert await running.metric("kv_sidecar_header_timeouts_total", port=port) == 1.0
         await still_serving(running)
