@@ -162,22 +162,28 @@ async def test_streaming_and_disconnect_mid_stream(vllm_server: VllmServer, tiny
     body = {"model": "tiny", "prompt": [11, 12, 13], "max_tokens": 20, "ignore_eos": True, "stream": True}
     try:
         async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
             async with session.post(proxy + "/v1/completions", json=body) as response:
                 assert response.headers["Content-Type"].startswith("text/event-stream")
                 payload = await response.read()
+            seconds_per_token = (time.monotonic() - started) / 20
             events = [line for line in payload.decode().split("\n\n") if line.startswith("data: ")]
             assert events[-1] == "data: [DONE]"
             assert len(events) >= 21
 
-            long_body = {**body, "max_tokens": 900}
+            long_body = {**body, "max_tokens": 1000}
+            abort_within = 1.5  # closing the stream reaches vLLM's abort within a few engine steps
+            # the abandoned request, left to run, would take far longer than the deadline: otherwise it would
+            # end by itself in time and the test could not fail
+            assert 1000 * seconds_per_token > 4 * abort_within, f"{seconds_per_token * 1e3:.1f} ms per token"
             response = await session.post(proxy + "/v1/completions", json=long_body)
             await response.content.readany()
             assert (await engine_sample(vllm_server.url))["running"] == 1
             response.close()  # the client goes away mid-stream
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + abort_within
             while (await engine_sample(vllm_server.url))["running"] != 0:
                 assert time.monotonic() < deadline, "vLLM kept running the abandoned request"
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
     finally:
         await app.stop()
     assert app.controller.total_inflight == 0

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import pytest
 
 from sidecar.budget import PlanRequest, Verdict, build_ledger, resolve_model
-from sidecar.budget.dtypes import INT4_EFFECTIVE_BYTES
 from sidecar.budget.parameters import parameter_count
 from sidecar.units import GIB, KIB
 
@@ -48,6 +47,26 @@ def params(model: str) -> int:
     return parameter_count(resolve_model(model))
 
 
+PARAMETERS = {  # the safetensors total of each model's Hugging Face repository (its weight-file metadata)
+    "qwen2.5-0.5b": 494_032_768,
+    "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-3b": 3_085_938_688,
+    "qwen2.5-7b": 7_615_616_512,
+    "qwen2.5-14b": 14_770_033_664,
+    "qwen2.5-32b": 32_763_876_352,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-2-13b": 13_015_864_320,
+    "mistral-7b": 7_248_023_552,  # v0.3 (32,768-token vocabulary)
+}
+SEED_INT4_BYTES = 0.55  # seed 000 §1.2: "INT4 about 0.55 bytes per parameter" (scales included)
+
+
+def test_parameter_counts_are_the_published_ones() -> None:
+    for model, count in PARAMETERS.items():
+        assert params(model) == count, model
+
+
 @dataclass(frozen=True)
 class Row:
     label: str
@@ -73,21 +92,22 @@ def _kv_rows() -> list[Row]:
         per_token = ledger(model).kv_bytes_per_token
         rows += [
             Row(f"002 {model} KiB/token", per_token / KIB, kib, kib, 0),
-            Row(f"002 {model} 1K GiB", per_token * 1024 / GIB, per_token * 1024 / GIB, one_k, 0.006),
+            # 1,024 tokens of `kib` KiB are `kib` MiB; 32K tokens are 32 x `kib` MiB (literals, not our figure)
+            Row(
+                f"002 {model} 1K GiB",
+                ledger(model, length=1024, n=1).kv_bytes_total / GIB,
+                kib / 1024,
+                one_k,
+                0.006,
+            ),
             Row(
                 f"002 {model} 32K GiB",
                 ledger(model, n=1).kv_bytes_total / GIB,
-                per_token * K32 / GIB,
+                kib * 32 / 1024,
                 one_32k,
                 0.051,
             ),
-            Row(
-                f"002 {model} 4x32K GiB",
-                ledger(model).kv_bytes_total / GIB,
-                4 * per_token * K32 / GIB,
-                four_32k,
-                0,
-            ),
+            Row(f"002 {model} 4x32K GiB", ledger(model).kv_bytes_total / GIB, kib * 128 / 1024, four_32k, 0),
         ]
     # seed 001 §2.3 table (Llama 2 7B, Llama 3 8B, Mistral 7B, Qwen2.5-7B)
     for model, (kib, one, four) in {
@@ -158,54 +178,43 @@ def _weight_rows() -> list[Row]:
     # size (7B) by 2 and calls the product GiB; its INT4 column is nominal x 0.6 although its text
     # says 0.55. We assert the exact figure from the real parameter count and check the article's
     # own arithmetic separately in test_seed_000_weight_table_is_nominal_arithmetic.
-    for model, nominal, bf16, int4 in [
-        ("qwen2.5-0.5b", 0.5, 1.0, 0.3),
-        ("qwen2.5-1.5b", 1.5, 3.0, 0.9),
-        ("qwen2.5-3b", 3, 6.0, 1.8),
-        ("qwen2.5-7b", 7, 14.0, 4.2),
-        ("qwen2.5-14b", 14, 28.0, 8.4),
-        ("qwen2.5-32b", 32, 64.0, 19.2),
+    # Tolerances: the distance between the article's nominal figure and the exact one, rounded up.
+    for model, bf16, bf16_tol, int4, int4_tol in [
+        ("qwen2.5-0.5b", 1.0, 0.08, 0.3, 0.05),
+        ("qwen2.5-1.5b", 3.0, 0.13, 0.9, 0.11),
+        ("qwen2.5-3b", 6.0, 0.26, 1.8, 0.22),
+        ("qwen2.5-7b", 14.0, 0.19, 4.2, 0.30),
+        ("qwen2.5-14b", 28.0, 0.49, 8.4, 0.84),
+        ("qwen2.5-32b", 64.0, 2.98, 19.2, 2.42),
     ]:
-        p = params(model)
-        ours_bf16 = ledger(model, weights="bf16").weights_bytes / GIB
-        ours_int4 = ledger(model, weights="int4").weights_bytes / GIB
+        count = PARAMETERS[model]
         rows += [
-            Row(
-                f"000 {model} bf16 GiB",
-                ours_bf16,
-                p * 2 / GIB,
-                bf16,
-                abs(nominal * 2 - p * 2 / GIB) + 0.01 + 0.07 * nominal,
-            ),
-            Row(
-                f"000 {model} int4 GiB",
-                ours_int4,
-                p * INT4_EFFECTIVE_BYTES / GIB,
-                int4,
-                0.3 * nominal / 3 + 0.1 * nominal,
-            ),
-        ]
+            Row(f"000 {model} bf16 GiB", ledger(model, weights="bf16").weights_bytes / GIB, count * 2 / GIB, bf16,
+                bf16_tol, "the article prints nominal billions x 2"),
+            Row(f"000 {model} int4 GiB", ledger(model, weights="int4").weights_bytes / GIB,
+                count * SEED_INT4_BYTES / GIB, int4, int4_tol, "the article prints nominal billions x 0.6"),
+        ]  # fmt: skip
     rows += [
         # seed 001 §1.2, in decimal GB: 8B FP16 about 16 GB, INT8 8 GB, INT4 about 4.2 GB;
         # 7B FP16 14, INT8 7, INT4 3.8
         Row(
             "001 llama-3-8b fp16 GB",
             ledger("llama-3-8b", weights="fp16").weights_bytes / GB,
-            params("llama-3-8b") * 2 / GB,
+            PARAMETERS["llama-3-8b"] * 2 / GB,
             16,
             0.07,
         ),
         Row(
             "001 llama-3-8b int8 GB",
             ledger("llama-3-8b", weights="int8").weights_bytes / GB,
-            params("llama-3-8b") / GB,
+            PARAMETERS["llama-3-8b"] / GB,
             8,
             0.04,
         ),
         Row(
             "001 llama-3-8b int4 GB",
             ledger("llama-3-8b", weights="int4").weights_bytes / GB,
-            params("llama-3-8b") * 0.55 / GB,
+            PARAMETERS["llama-3-8b"] * SEED_INT4_BYTES / GB,
             4.2,
             0.23,
             "the article's 4.2 GB is 0.525 bytes/param; the seed rate 0.55 gives 4.42",
@@ -213,21 +222,21 @@ def _weight_rows() -> list[Row]:
         Row(
             "001 mistral-7b fp16 GB",
             ledger("mistral-7b", weights="fp16").weights_bytes / GB,
-            params("mistral-7b") * 2 / GB,
+            PARAMETERS["mistral-7b"] * 2 / GB,
             14,
             0.5,
         ),
         Row(
             "001 mistral-7b int8 GB",
             ledger("mistral-7b", weights="int8").weights_bytes / GB,
-            params("mistral-7b") / GB,
+            PARAMETERS["mistral-7b"] / GB,
             7,
             0.25,
         ),
         Row(
             "001 mistral-7b int4 GB",
             ledger("mistral-7b", weights="int4").weights_bytes / GB,
-            params("mistral-7b") * 0.55 / GB,
+            PARAMETERS["mistral-7b"] * SEED_INT4_BYTES / GB,
             3.8,
             0.2,
         ),
@@ -236,42 +245,42 @@ def _weight_rows() -> list[Row]:
         Row(
             "002 llama-2-13b fp16 GiB",
             ledger("llama-2-13b").weights_bytes / GIB,
-            params("llama-2-13b") * 2 / GIB,
+            PARAMETERS["llama-2-13b"] * 2 / GIB,
             24.2,
             0.05,
         ),
         Row(
             "002 llama-3.1-8b bf16 GiB",
             ledger("llama-3.1-8b").weights_bytes / GIB,
-            params("llama-3.1-8b") * 2 / GIB,
+            PARAMETERS["llama-3.1-8b"] * 2 / GIB,
             15,
             0.05,
         ),
         Row(
             "002 qwen2.5-7b bf16 GiB",
             ledger("qwen2.5-7b").weights_bytes / GIB,
-            params("qwen2.5-7b") * 2 / GIB,
+            PARAMETERS["qwen2.5-7b"] * 2 / GIB,
             14.2,
             0.02,
         ),
         Row(
             "002 qwen2.5-14b fp8 GiB",
             ledger("qwen2.5-14b", weights="fp8").weights_bytes / GIB,
-            params("qwen2.5-14b") / GIB,
+            PARAMETERS["qwen2.5-14b"] / GIB,
             14,
             0.25,
         ),
         Row(
             "002 qwen2.5-14b bf16 GiB",
             ledger("qwen2.5-14b").weights_bytes / GIB,
-            params("qwen2.5-14b") * 2 / GIB,
+            PARAMETERS["qwen2.5-14b"] * 2 / GIB,
             27,
             0.52,
         ),
         Row(
             "002 qwen2.5-32b int4 GiB",
             ledger("qwen2.5-32b", weights="int4").weights_bytes / GIB,
-            params("qwen2.5-32b") * 0.55 / GIB,
+            PARAMETERS["qwen2.5-32b"] * SEED_INT4_BYTES / GIB,
             19,
             2.3,
             "the article budgets ~0.62 bytes/param; the seed rate 0.55 gives 16.8 GiB",
