@@ -10,7 +10,9 @@ clients that give up, malformed bodies and never-fitting prompts. Every second t
 Pass criteria (exit status 1 otherwise): RSS growth after warm-up (the first quarter, at least 20 s: the
 first large bodies start worker threads, the first of each path imports and caches) under 10%, no FD growth
 beyond 16, queue and in-flight back to 0 at the end, and the sidecar's outcome counters equal to the
-generation requests sent (nothing lost). Results go to ``bench/results/soak-*.json``.
+generation requests sent (nothing lost), and no client saw a failure: every answer is what its kind should get
+(200, a complete stream, 400 for the malformed and the never-fitting, or a 429/503 refusal carrying
+``X-KV-Sidecar-Reason`` and ``Retry-After``), and no connection broke. Results go to ``bench/results/soak-*.json``.
 """
 
 from __future__ import annotations
@@ -50,12 +52,56 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+REFUSED = "refused"
+EXPECTED_400 = {"malformed": "invalid-request", "toolong": "context-length-exceeded"}
+
+
+def judge(kind: str, status: int, headers: Any, body: bytes | None) -> str | None:
+    """What the client saw, judged: ``None`` as expected, :data:`REFUSED` (a refusal done right), or a failure."""
+    reason = headers.get("X-KV-Sidecar-Reason")
+    if kind in EXPECTED_400:
+        expected = EXPECTED_400[kind]
+        return (
+            None if (status, reason) == (400, expected) else f"{kind}: {status} {reason}, not 400 {expected}"
+        )
+    if status in {429, 503}:
+        if reason and headers.get("Retry-After"):
+            return REFUSED
+        return f"{kind}: {status} without a reason or Retry-After"
+    if status != 200:
+        return f"{kind}: {status} {reason}"
+    if kind == "stream" and body is not None and not body.rstrip().endswith(b"data: [DONE]"):
+        return f"{kind}: a stream cut before [DONE]"
+    return None
+
+
+async def send(
+    session: aiohttp.ClientSession, proxy: str, kind: str, body: dict[str, Any], rng: random.Random
+) -> str | None:
+    """One request of ``kind``, and :func:`judge`'s verdict on what came back."""
+    url = proxy + "/v1/completions"
+    if kind == "malformed":
+        headers = {"Content-Type": "application/json"}
+        async with session.post(url, data=b'{"prompt": [1, 2', headers=headers) as r:
+            return judge(kind, r.status, r.headers, await r.read())
+    if kind == "abandon":
+        async with session.post(url, json=body) as r:
+            await r.content.readany()  # read one chunk, then go away
+            return judge(kind, r.status, r.headers, None)
+    if kind == "giveup":
+        async with asyncio.timeout(rng.uniform(0.2, 0.6)), session.post(url, json=body) as r:
+            return judge(kind, r.status, r.headers, await r.read())
+    async with session.post(url, json=body) as r:
+        return judge(kind, r.status, r.headers, await r.read())
+
+
 async def worker(
     session: aiohttp.ClientSession,
     proxy: str,
     deadline: float,
     rng: random.Random,
     tally: dict[str, int],
+    failures: list[str],
     fake: bool,
 ) -> None:
     while time.monotonic() < deadline:
@@ -78,30 +124,20 @@ async def worker(
             body.pop("chunks", None)
             body["ignore_eos"] = True
         try:
-            if kind == "malformed":
-                async with session.post(
-                    proxy + "/v1/completions",
-                    data=b'{"prompt": [1, 2',
-                    headers={"Content-Type": "application/json"},
-                ) as r:
-                    await r.read()
-            elif kind == "abandon":
-                async with session.post(proxy + "/v1/completions", json=body) as r:
-                    await r.content.readany()  # read one chunk, then go away
-            elif kind == "giveup":
-                async with (
-                    asyncio.timeout(rng.uniform(0.2, 0.6)),
-                    session.post(proxy + "/v1/completions", json=body) as r,
-                ):
-                    await r.read()
-            else:
-                async with session.post(proxy + "/v1/completions", json=body) as r:
-                    await r.read()
+            failure = await send(session, proxy, kind, body, rng)
             tally[kind] += 1
         except TimeoutError:
             tally["gave_up"] += 1
-        except aiohttp.ClientError:
+            continue
+        except aiohttp.ClientError as exc:
             tally["client_errors"] += 1
+            failure = f"{kind}: {type(exc).__name__}: {exc}"
+        if failure == REFUSED:
+            tally["refused_with_retry_after"] += 1
+        elif failure is not None:
+            tally["client_failures"] += 1
+            if len(failures) < 10:
+                failures.append(failure)
 
 
 async def sidecar_counts(admin: str) -> tuple[float, dict[str, Any]]:
@@ -158,9 +194,12 @@ async def soak(
                 "toolong",
                 "gave_up",
                 "client_errors",
+                "client_failures",
+                "refused_with_retry_after",
             ],
             0,
         )
+        failures: list[str] = []
         samples: list[tuple[float, int, int]] = []
         started = time.monotonic()
         deadline = started + seconds
@@ -174,7 +213,7 @@ async def soak(
             await asyncio.gather(
                 sample(),
                 *(
-                    worker(session, proxy, deadline, random.Random(rng.random()), tally, fake)
+                    worker(session, proxy, deadline, random.Random(rng.random()), tally, failures, fake)
                     for _ in range(workers)
                 ),
             )
@@ -206,6 +245,8 @@ async def soak(
         "requests": tally,
         "sidecar_counted": counted,
         "lost": tally["sent"] - counted,
+        "client_failures": tally["client_failures"],
+        "failure_examples": failures,
         "queue_and_inflight_at_end": 0 if idle else "not idle",
         "rss_after_warmup_mib": baseline_rss / 2**20,
         "rss_peak_mib": peak_rss / 2**20,
@@ -221,6 +262,7 @@ async def soak(
         and final_fds - baseline_fds <= 16
         and idle
         and result["lost"] == 0
+        and result["client_failures"] == 0
         and sidecar.returncode == 0
     )
     return result
