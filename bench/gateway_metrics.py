@@ -13,7 +13,7 @@ medians over rounds of p50, p99 and max in milliseconds.
 
 ``--engine fast`` (the default) is the worst case for the sidecar: the fast upstream answers at once,
 so eight connections keep the proxy's event loop busy all the time (~1,300 requests a second here).
-``--engine vllm`` puts the real vLLM CPU server (the tiny generated model, ``bench.vllm_harness``)
+``--engine vllm`` puts the real vLLM CPU server (the tiny generated model, ``tests/harness/vllm.py``)
 behind it, as a user would: eight connections of real completions (fresh random prompts, 64 tokens
 out), the proxy mostly waiting on the engine, the engine using the machine's cores.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.proxy_overhead import RESULTS, free_port, start, throughput, wait_ready
-from bench.vllm_harness import VllmServer, make_tiny_model, vllm_python
+from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
 
 POLL_SECONDS = 0.05  # the EPP's default refresh interval
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.vllm_harness import ROOT, free_port, wait_http
+from tests.harness.vllm import ROOT, free_port, wait_http
 
 RESULTS = Path(__file__).parent / "results"
 

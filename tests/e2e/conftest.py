@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.vllm_harness import VllmServer, make_tiny_model, vllm_python
+from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
 
 
 @pytest.fixture(scope="session")

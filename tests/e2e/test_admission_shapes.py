@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bench.admission_suite import SHAPES, run_suite
-from bench.vllm_harness import VllmServer
+from tests.harness.admission_suite import SHAPES, run_suite
+from tests.harness.vllm import VllmServer
 
 pytestmark = pytest.mark.e2e
 

@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.spike import wait_idle
-from bench.vllm_harness import VllmServer
 from sidecar.admission.body import request_facts
 from sidecar.admission.tokens import load_counter
 from tests.e2e.test_real_vllm import start
+from tests.harness.spike import wait_idle
+from tests.harness.vllm import VllmServer
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.vllm_harness import VllmServer
 from sidecar.app import SidecarApp
 from sidecar.server.gateway import KV_USAGE, QUEUED, RUNNING
 from tests.e2e.test_real_vllm import start
+from tests.harness.vllm import VllmServer
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
-from bench.vllm_harness import VllmServer
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.pressure import PressureSettings
 from sidecar.app import RunOptions, SidecarApp
@@ -24,6 +22,8 @@ from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import ScrapeSettings
 from sidecar.signals import parse_vllm_metrics
 from sidecar.units import GIB
+from tests.harness.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
+from tests.harness.vllm import VllmServer
 
 pytestmark = pytest.mark.e2e
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.vllm_harness import free_port
 from tests.fake_vllm import TINY_CONFIG, FakeVllm
+from tests.harness.vllm import free_port
 from tests.hf_cache import add_model
 
 pytestmark = pytest.mark.integration

@@ -39,7 +39,9 @@ def test_short_soak_with_pressure_cycles(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert report["passed"] is True
     assert report["lost"] == 0
-    assert report["client_failures"] == 0, report["failure_examples"]  # what the clients saw, not only counters
+    assert report["client_failures"] == 0, report[
+        "failure_examples"
+    ]  # what the clients saw, not only counters
     assert report["requests"]["refused_with_retry_after"] + report["requests"]["short"] > 0
     assert report["requests"]["sent"] > 100
     assert report["rss_growth"] < 0.10

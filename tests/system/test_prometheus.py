@@ -19,7 +19,6 @@ import httpx
 import pytest
 import yaml
 
-from bench.vllm_harness import free_port
 from dashboards.generate import DASHBOARDS
 from sidecar.admission.pressure import PressureSettings
 from sidecar.app import RunOptions, SidecarApp
@@ -30,6 +29,7 @@ from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import ScrapeSettings
 from sidecar.units import GIB
 from tests.fake_vllm import TINY_CONFIG, FakeVllm
+from tests.harness.vllm import free_port
 from tests.system.test_rules_and_dashboards import RULES, substitute
 from tests.unit.test_nvml_and_metrics import FakeNvml
 

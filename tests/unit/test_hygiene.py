@@ -45,3 +45,13 @@ def test_every_refusal_has_a_status_a_type_and_a_documented_row(reason: Reason) 
     assert 400 <= reason.status < 600
     assert reason.error_type
     assert re.search(rf"^\| {reason.status} \| `{re.escape(reason.value)}` \|", README, re.MULTILINE)
+
+
+def test_tests_never_import_the_benchmarks() -> None:
+    """The shared harnesses live in ``tests/harness``; ``bench/`` may import them, never the other way."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if re.search(r"^\s*(from bench[. ]|import bench\b)", path.read_text(encoding="utf-8"), re.MULTILINE)
+    ]
+    assert offenders == []

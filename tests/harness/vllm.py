@@ -1,6 +1,6 @@
 """The real-engine harness: vLLM's CPU build, a tiny generated model, a server started and stopped by pid.
 
-Used by the e2e tests, ``make demo`` and ``bench/spike.py``. ``scripts/install-vllm`` installs vLLM
+Used by the e2e tests, ``make demo`` and the benchmarks (``bench/spike.py``, ``bench/admission_suite.py``). ``scripts/install-vllm`` installs vLLM
 into its own environment outside the checkout (reused when present); ``scripts/make_tiny_model.py``
 generates the model at run time (never committed). :class:`VllmServer` starts
 ``vllm.entrypoints.openai.api_server`` with a small KV pool (``--num-gpu-blocks-override``), waits for
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def vllm_python() -> Path:
