@@ -46,10 +46,11 @@ from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
-from sidecar.server.connection import HEADER_TIMEOUT_SECONDS, HeadDeadline, head_middleware, serve_guarded
+from sidecar.server.connection import HeadDeadline, head_middleware, serve_guarded
 from sidecar.server.gateway import GatewayCollector, GatewayPage, current_load
 from sidecar.server.metrics import ConnectionMetrics, ProxyMetrics, register_monitor_metrics
 from sidecar.server.proxy import Proxy, ProxySettings
+from sidecar.settings import ADMIN_LISTEN, DRAIN_TIMEOUT_SECONDS, LISTEN, ClientLimits
 from sidecar.signals import EngineSnapshot
 from sidecar.signals.kinds import EngineKind
 
@@ -59,7 +60,6 @@ def usable_blocks(num_gpu_blocks: int) -> int:
     return max(1, num_gpu_blocks - 1)
 
 
-_EVERYWHERE = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
 DRAIN_POLL_SECONDS = 0.05
 KEEPALIVE_SECONDS = 75.0  # idle keep-alive connections are closed after this (aiohttp's default is an hour)
 MAX_LINE_BYTES = 8190  # request line and each header line
@@ -71,24 +71,20 @@ class RunOptions:
     """How ``kv-sidecar run`` was asked to run."""
 
     upstream: str
-    admin_listen: tuple[str, int] = (_EVERYWHERE, 9090)
-    listen: tuple[str, int] = (_EVERYWHERE, 9000)
+    admin_listen: tuple[str, int] = ADMIN_LISTEN
+    listen: tuple[str, int] = LISTEN
     proxy: bool = True
     scrape: ScrapeSettings = field(default_factory=ScrapeSettings)
     nvml: bool = True
     staleness: Staleness = field(default_factory=Staleness)
     outputs: OutputSettings = field(default_factory=OutputSettings)
-    drain_timeout: float = 30.0
+    drain_timeout: float = DRAIN_TIMEOUT_SECONDS
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     pressure: PressureSettings = field(default_factory=PressureSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
-    max_body_bytes: int = 16 * 1024 * 1024
-    body_timeout: float = 30.0
-    header_timeout: float = HEADER_TIMEOUT_SECONDS
-    tenant_header: str = "X-Tenant-Id"
+    limits: ClientLimits = field(default_factory=ClientLimits)
     tokenizer_model: str | None = None
     admin_token: str | None = None
-    upstream_timeout: float = 900.0
     model_retry: float = MODEL_RETRY_SECONDS
 
 
@@ -144,12 +140,7 @@ class SidecarApp:
         if options.proxy:
             self.proxy = Proxy(
                 ProxySettings(
-                    upstream=options.upstream,
-                    max_body_bytes=options.max_body_bytes,
-                    body_timeout=options.body_timeout,
-                    queue_timeout=options.queue.timeout,
-                    tenant_header=options.tenant_header,
-                    upstream_timeout=options.upstream_timeout,
+                    upstream=options.upstream, queue_timeout=options.queue.timeout, limits=options.limits
                 ),
                 self.controller,
                 counter or load_counter(options.tokenizer_model),
@@ -266,9 +257,13 @@ class SidecarApp:
         self._runners.append(runner)
         timeouts = self.connection_metrics.header_timeouts.labels(port=port_name)
         listener = await serve_guarded(
-            runner, address[0], address[1], head_timeout=self.options.header_timeout, guards=self._guards,
+            runner,
+            address[0],
+            address[1],
+            head_timeout=self.options.limits.header_timeout,
+            guards=self._guards,
             on_timeout=timeouts.inc,
-        )  # fmt: skip
+        )
         self._listeners.append(listener)
         return int(listener.sockets[0].getsockname()[1])
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sidecar import __version__
+from sidecar.admission.pressure import StaleMode, Staleness
 from sidecar.budget import (
     PlanRequest,
     advise,
@@ -39,6 +40,7 @@ from sidecar.flags import (
 )
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import PlanInputs
+from sidecar.settings import ADMIN_LISTEN, LISTEN, ScrapeSettings, default_of
 from sidecar.units import (
     parse_listen,
 )
@@ -47,41 +49,52 @@ EXIT_USAGE = 2
 ENV_PREFIX = "KV_SIDECAR_"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The full ``kv-sidecar`` argument parser."""
     parser = Parser(prog="kv-sidecar", description="Keep vLLM's KV cache out of the red.")
     parser.add_argument("--version", action="version", version=f"kv-sidecar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    plan = commands.add_parser("plan", help="predict the memory budget of a deployment")
+    plan = parser.add_command(commands, "plan", help="predict the memory budget of a deployment")
     add_deployment_flags(plan)
     plan.add_argument("--format", type=choice("table", "json"), default="table", help="output format")
     plan.set_defaults(handler=_cmd_plan)
 
-    run = commands.add_parser("run", help="the admission proxy and the monitor, in front of vLLM")
+    run = parser.add_command(commands, "run", help="the admission proxy and the monitor, in front of vLLM")
     add_engine_flags(run)
-    everywhere = "0.0.0.0"  # noqa: S104 - in a pod the sidecar serves the pod's address
     run.add_argument(
-        "--listen", type=parse_listen, default=(everywhere, 9000), help="client traffic (host:port)"
+        "--listen",
+        type=parse_listen,
+        default=LISTEN,
+        help=f"client traffic (host:port; default {LISTEN[0]}:{LISTEN[1]})",
     )
     run.add_argument(
-        "--admin-listen", type=parse_listen, default=(everywhere, 9090), help="admin (host:port)"
+        "--admin-listen",
+        type=parse_listen,
+        default=ADMIN_LISTEN,
+        help=f"admin endpoints (host:port; default {ADMIN_LISTEN[0]}:{ADMIN_LISTEN[1]})",
     )
     run.add_argument(
         "--no-proxy", action="store_true", help="run the monitor alone, without the admission proxy"
     )
     run.add_argument(
-        "--scrape-interval", type=scrape_interval, default=0.1, help="default 100ms (minimum 50ms)"
+        "--scrape-interval",
+        type=scrape_interval,
+        default=default_of(ScrapeSettings, "interval"),
+        help="default %(default)ss (minimum 50ms)",
     )
     run.add_argument(
-        "--stale-policy", type=choice("open", "closed"), default="open", help="when metrics are stale"
+        "--stale-policy",
+        type=choice(*StaleMode),
+        default=default_of(Staleness, "policy").value,
+        help="when metrics are stale: " + ", ".join(StaleMode) + " (default %(default)s)",
     )
     add_admission_flags(run)
     add_deployment_flags(run, engine_fills_in=True)
     run.set_defaults(handler=_cmd_run)
 
-    check = commands.add_parser(
-        "check", help="one scrape, compared with the prediction; non-zero exit if wrong"
+    check = parser.add_command(
+        commands, "check", help="one scrape, compared with the prediction; non-zero exit if wrong"
     )
     add_engine_flags(check)
     check.add_argument("--format", type=choice("table", "json"), default="table", help="output format")
@@ -201,10 +214,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sidecar.admission.controller import QueueSettings  # noqa: PLC0415 - keeps 'plan' free of server imports
     from sidecar.admission.decide import AdmissionConfig  # noqa: PLC0415
     from sidecar.admission.outputs import OutputSettings  # noqa: PLC0415
-    from sidecar.admission.pressure import PressureSettings, Staleness  # noqa: PLC0415
+    from sidecar.admission.pressure import PressureSettings  # noqa: PLC0415
     from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415
     from sidecar.logs import make_logger  # noqa: PLC0415
-    from sidecar.monitor.scraper import ScrapeSettings  # noqa: PLC0415
+    from sidecar.settings import ClientLimits  # noqa: PLC0415
 
     if args.release_threshold > args.pressure_threshold:
         raise UsageError("--release-threshold must not exceed --pressure-threshold")
@@ -241,13 +254,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         queue=QueueSettings(
             max_entries=args.queue_max_entries, max_tokens=args.queue_max_tokens, timeout=args.queue_timeout
         ),
-        max_body_bytes=args.max_body_bytes,
-        body_timeout=args.body_timeout,
-        header_timeout=args.header_timeout,
-        tenant_header=args.tenant_header,
+        limits=ClientLimits(
+            max_body_bytes=args.max_body_bytes,
+            body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout,
+            tenant_header=args.tenant_header,
+            upstream_timeout=args.upstream_timeout,
+        ),
         tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
         admin_token=args.admin_token or None,
-        upstream_timeout=args.upstream_timeout,
         model_retry=args.model_retry,
     )
     app = SidecarApp(
@@ -288,20 +303,17 @@ SCRIPT_VARIABLES = frozenset({"KV_SIDECAR_CACHE", "KV_SIDECAR_VLLM_VENV", "KV_SI
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off", ""})
 
 
-def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> set[str]:
+def _apply_environment(parser: Parser, environ: Mapping[str, str]) -> set[str]:
     """Make ``KV_SIDECAR_<FLAG>`` variables the defaults of the matching flags (recursively).
 
     Returns the variable names that name a flag somewhere. A boolean flag's variable must read as
     true (``1``, ``true``, ``yes``, ``on``) or false (``0``, ``false``, ``no``, ``off``, empty); anything
-    else is an error rather than a silent false. argparse has no public API to enumerate actions, so
-    this reads ``_actions`` (stable since Python 2.7).
+    else is an error rather than a silent false. The flags are the ones :class:`Parser` recorded.
     """
     known: set[str] = set()
-    for action in parser._actions:  # noqa: SLF001
-        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
-            for sub in action.choices.values():
-                known |= _apply_environment(sub, environ)
-            continue
+    for command in parser.commands:
+        known |= _apply_environment(command, environ)
+    for action in parser.flags:
         long_flags = [s for s in action.option_strings if s.startswith("--")]
         if not long_flags or action.dest in {"help", "version"}:
             continue
@@ -310,7 +322,7 @@ def _apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, st
         if name not in environ:
             continue
         raw = environ[name]
-        if isinstance(action, argparse._StoreTrueAction):  # noqa: SLF001
+        if action.nargs == 0:  # a switch (store_true): the variable says on or off
             value = raw.strip().lower()
             if value not in _TRUE | _FALSE:
                 raise UsageError(f"{name}={raw!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")

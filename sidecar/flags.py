@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from sidecar.admission.decide import ON_PRESSURE, AdmissionConfig, AdmissionMode
+from sidecar.admission.outputs import OutputSettings
+from sidecar.admission.pressure import PressureSettings, Staleness
+from sidecar.admission.tickets import QueueSettings
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
 from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS
-from sidecar.server.connection import HEADER_TIMEOUT_SECONDS
+from sidecar.settings import DRAIN_TIMEOUT_SECONDS, ClientLimits, ScrapeSettings, default_of
 from sidecar.signals.kinds import EngineKind
 from sidecar.units import (
     parse_duration,
@@ -37,11 +41,55 @@ def engine_kind(value: str) -> EngineKind | None:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors become one-line usage errors."""
+    """An ``ArgumentParser`` whose errors become one-line usage errors, and which lists its own flags.
+
+    argparse has no public way to enumerate a parser's actions, so this one records them as they are
+    added (``add_argument`` returns the action, on the parser and on its argument groups) together
+    with its sub-command parsers: the ``KV_SIDECAR_*`` overlay reads :attr:`flags` and
+    :attr:`commands` instead of argparse's internals.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: list[argparse.Action] = []  # before argparse's own __init__ adds --help
+        self.commands: list[Parser] = []
+        self._recording_groups = False  # argparse's __init__ makes its own groups, used internally
+        super().__init__(*args, **kwargs)
+        self._recording_groups = True
 
     def error(self, message: str) -> NoReturn:
         """Raise the message as a :class:`UsageError` (one line, exit status 2)."""
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """Add a flag, and record it."""
+        action = super().add_argument(*args, **kwargs)
+        self.flags.append(action)
+        return action
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        """An argument group whose flags are recorded on this parser."""
+        group = super().add_argument_group(*args, **kwargs)
+        return _RecordingGroup(group, self.flags) if self._recording_groups else group
+
+    def add_command(self, commands: Any, name: str, **kwargs: Any) -> Parser:
+        """``commands.add_parser(name)`` (``commands`` from :meth:`add_subparsers`), recorded."""
+        sub: Parser = commands.add_parser(name, **kwargs)
+        self.commands.append(sub)
+        return sub
+
+
+class _RecordingGroup:
+    """An argparse argument group that records the flags added to it."""
+
+    def __init__(self, group: Any, flags: list[argparse.Action]) -> None:
+        self._group = group
+        self._flags = flags
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """Add a flag to the group, and record it."""
+        action: argparse.Action = self._group.add_argument(*args, **kwargs)
+        self._flags.append(action)
+        return action
 
 
 def choice(*choices: str) -> Callable[[str], str]:
@@ -186,7 +234,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="the engine's Prometheus page when not at --upstream's (Triton: http://127.0.0.1:8002/metrics)",
     )
     group.add_argument(
-        "--scrape-timeout", type=positive_duration, default=2.0, help="per scrape (default 2s)"
+        "--scrape-timeout",
+        type=positive_duration,
+        default=default_of(ScrapeSettings, "timeout"),
+        help="per scrape (default %(default)ss)",
     )
     group.add_argument("--nvml", type=choice("auto", "off"), default="auto", help="read GPUs through NVML")
     group.add_argument(
@@ -202,77 +253,110 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     """The proxy's admission, queue and limits (``run``)."""
     group = parser.add_argument_group("admission (proxy)")
     add = group.add_argument
-    add("--max-body-bytes", type=parse_size, default=16 * 1024 * 1024, help="request body limit (413 above)")
-    add("--body-timeout", type=positive_duration, default=30.0, help="time to receive a request body (408)")
+    limits, pressure, queue, admission = ClientLimits, PressureSettings, QueueSettings, AdmissionConfig
+    add(
+        "--max-body-bytes",
+        type=parse_size,
+        default=default_of(limits, "max_body_bytes"),
+        help="request body limit (413 above; default %(default)s bytes)",
+    )
+    add(
+        "--body-timeout",
+        type=positive_duration,
+        default=default_of(limits, "body_timeout"),
+        help="time to receive a request body (408; default %(default)ss)",
+    )
     add(
         "--header-timeout",
         type=positive_duration,
-        default=HEADER_TIMEOUT_SECONDS,
+        default=default_of(limits, "header_timeout"),
         help="time to receive a request's head once it starts (408, connection closed; default %(default)ss)",
     )
     add(
         "--pressure-threshold",
         type=parse_ratio,
-        default=0.85,
-        help="KV usage that means pressure (default 0.85)",
+        default=default_of(pressure, "enter_threshold"),
+        help="KV usage that means pressure (default %(default)s)",
     )
     add(
         "--release-threshold",
         type=parse_ratio,
-        default=0.80,
-        help="KV usage that ends pressure (default 0.80)",
+        default=default_of(pressure, "release_threshold"),
+        help="KV usage that ends pressure (default %(default)s)",
     )
     add(
         "--pressure-window",
         type=positive_duration,
-        default=5.0,
-        help="how long usage must hold (default 5s)",
+        default=default_of(pressure, "window"),
+        help="how long usage must hold (default %(default)ss)",
     )
-    add("--stale-after", type=positive_duration, default=3.0, help="metrics older than this are stale")
+    add(
+        "--stale-after",
+        type=positive_duration,
+        default=default_of(Staleness, "after"),
+        help="metrics older than this are stale (default %(default)ss)",
+    )
     add("--long-prompt-tokens", type=parse_positive_int, help="long-lane threshold (default max_model_len/2)")
     add(
         "--long-lane-concurrency",
         type=parse_positive_int,
-        default=1,
-        help="long requests at once (default 1)",
+        default=default_of(admission, "long_lane_concurrency"),
+        help="long requests at once (default %(default)s)",
     )
-    add("--on-pressure", type=choice("queue", "reject"), default="queue", help="long prompts under pressure")
+    add(
+        "--on-pressure",
+        type=choice(*ON_PRESSURE),
+        default=default_of(admission, "on_pressure"),
+        help="long prompts under pressure: " + ", ".join(ON_PRESSURE) + " (default %(default)s)",
+    )
     add(
         "--admission",
-        type=choice("capacity", "lanes", "token-budget"),
-        default="capacity",
-        help="capacity (default: admit what fits the KV pool, block-exactly), lanes (the seeds' long lane), "
-        "token-budget (reserve prompt + max_tokens)",
+        type=choice(*AdmissionMode),
+        default=default_of(admission, "mode").value,
+        help="capacity (admit what fits the KV pool, block-exactly), lanes (the seeds' long lane), "
+        "token-budget (reserve prompt + max_tokens); default %(default)s",
     )
     add(
         "--output-quantile",
         type=parse_ratio,
-        default=0.95,
+        default=default_of(OutputSettings, "quantile"),
         help="capacity: expected output = this quantile of observed answer lengths per route and model "
-        "(default 0.95)",
+        "(default %(default)s)",
     )
-    add("--queue-max-entries", type=parse_positive_int, default=1024, help="per lane (default 1024)")
-    add("--queue-max-tokens", type=parse_positive_int, default=4_000_000, help="per lane (default 4M)")
+    add(
+        "--queue-max-entries",
+        type=parse_positive_int,
+        default=default_of(queue, "max_entries"),
+        help="per lane (default %(default)s)",
+    )
+    add(
+        "--queue-max-tokens",
+        type=parse_positive_int,
+        default=default_of(queue, "max_tokens"),
+        help="per lane (default %(default)s)",
+    )
     add(
         "--queue-timeout",
         type=positive_duration,
-        default=30.0,
-        help="longest wait in the queue (default 30s)",
+        default=default_of(queue, "timeout"),
+        help="longest wait in the queue (default %(default)ss)",
     )
     add(
         "--drain-timeout",
         type=positive_duration,
-        default=30.0,
-        help="time for in-flight requests on SIGTERM",
+        default=DRAIN_TIMEOUT_SECONDS,
+        help="time for in-flight requests on SIGTERM (default %(default)ss)",
     )
     add(
-        "--tenant-header", default="X-Tenant-Id", help="header naming the tenant (else a hash of the API key)"
+        "--tenant-header",
+        default=default_of(limits, "tenant_header"),
+        help="header naming the tenant, else a hash of the API key (default %(default)s)",
     )
     add(
         "--upstream-timeout",
         type=positive_duration,
-        default=900.0,
-        help="longest silence from vLLM (504 after)",
+        default=default_of(limits, "upstream_timeout"),
+        help="longest silence from vLLM (504 after; default %(default)ss)",
     )
     add(
         "--model-retry",

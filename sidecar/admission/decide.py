@@ -60,6 +60,10 @@ class Action(StrEnum):
     REFUSE = "refuse"
 
 
+ON_PRESSURE = ("queue", "reject")
+"""What the lanes policy does with a long prompt under pressure."""
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     """The admission flags."""
@@ -72,7 +76,7 @@ class AdmissionConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", AdmissionMode(self.mode))
-        if self.on_pressure not in {"queue", "reject"}:
+        if self.on_pressure not in ON_PRESSURE:
             raise ValueError("on_pressure must be 'queue' or 'reject'")
         if self.long_lane_concurrency < 1:
             raise ValueError("the long lane needs a concurrency of at least 1")

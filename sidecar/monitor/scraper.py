@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -21,9 +20,12 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
+from sidecar.settings import ScrapeSettings
 from sidecar.signals import MetricsParseError
 from sidecar.signals.engines import BY_KIND, detect, parse_engine_metrics
 from sidecar.signals.kinds import EngineKind
+
+__all__ = ["EngineScraper", "ScrapeMetrics", "ScrapeSettings"]
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_PAGE_BYTES = 16 * 1024 * 1024
@@ -52,23 +54,6 @@ class ScrapeMetrics:
             "Times the scrape loop died of an unexpected error and was started again.",
             registry=registry,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeSettings:
-    """Interval, timeout and backoff of the scraper."""
-
-    interval: float = 0.1  # fresh step counts make capacity admission tighter; vLLM renders its page in ~ms
-    timeout: float = 2.0
-    max_backoff: float = 5.0
-    engine: EngineKind | None = None  # None: whichever engine the page shows (vLLM when none)
-    metrics_url: str | None = None  # None: the upstream's, at the engine's path
-
-    def metrics_path(self) -> str:
-        """The path of the engine's Prometheus page on the upstream."""
-        if self.engine is None or self.engine is EngineKind.VLLM:
-            return "/metrics"
-        return BY_KIND[self.engine].metrics_path
 
 
 class _ScrapeFailedError(Exception):

@@ -34,9 +34,6 @@ from aiohttp import web
 
 from sidecar.admission.outcomes import Reason
 
-HEADER_TIMEOUT_SECONDS = 10.0
-"""Default of ``--header-timeout``: a head is at most 8 KiB; real clients send it in well under this."""
-
 
 def timeout_response(timeout: float) -> bytes:
     """The bytes of the 408: the sidecar's usual error body and reason header, and ``Connection: close``."""

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +35,7 @@ from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
 from sidecar.server.gateway import GatewayPage
 from sidecar.server.metrics import ProxyMetrics
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
+from sidecar.settings import ClientLimits
 from sidecar.units import MIB, parse_duration
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
@@ -49,18 +50,11 @@ from this size on are counted in a worker thread, so the event loop never waits 
 
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
-    """Where to forward, and the limits on what clients send."""
+    """Where to forward, what clients may send, and the queue's wait limit (clients may lower it)."""
 
     upstream: str
-    max_body_bytes: int = 16 * MIB
-    max_header_bytes: int = 64 * 1024
-    body_timeout: float = 30.0
-    connect_timeout: float = 5.0
-    upstream_timeout: float = 900.0  # longest silence from the engine: before its answer, or between chunks
-    queue_timeout: float = 30.0
-    tenant_header: str = "X-Tenant-Id"
-    priority_header: str = "X-KV-Sidecar-Priority"
-    queue_timeout_header: str = "X-KV-Sidecar-Queue-Timeout"
+    queue_timeout: float
+    limits: ClientLimits = field(default_factory=ClientLimits)
 
 
 class _BodyTooLargeError(Exception):
@@ -124,7 +118,9 @@ class Proxy:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(
-                total=None, connect=self.settings.connect_timeout, sock_read=self.settings.upstream_timeout
+                total=None,
+                connect=self.settings.limits.connect_timeout,
+                sock_read=self.settings.limits.upstream_timeout,
             ),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
@@ -137,7 +133,7 @@ class Proxy:
 
     def app(self) -> web.Application:
         """The aiohttp application: one catch-all route."""
-        application = web.Application(client_max_size=self.settings.max_body_bytes)
+        application = web.Application(client_max_size=self.settings.limits.max_body_bytes)
         if self._gateway_page is not None:
             application.router.add_get("/metrics", self.metrics_page)
         application.router.add_route("*", "/{tail:.*}", self.handle)
@@ -157,15 +153,18 @@ class Proxy:
                 retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0),
             )
         header_bytes = sum(len(k) + len(v) for k, v in request.raw_headers)
-        limit = self.settings.max_header_bytes
+        limit = self.settings.limits.max_header_bytes
         if header_bytes > limit:
             return RefusedError(
                 Reason.HEADERS_TOO_LARGE,
                 f"request headers take {header_bytes} bytes; at most {limit} are allowed",
             )
-        if request.content_length is not None and request.content_length > self.settings.max_body_bytes:
+        if (
+            request.content_length is not None
+            and request.content_length > self.settings.limits.max_body_bytes
+        ):
             return RefusedError(
-                Reason.BODY_TOO_LARGE, f"the request body exceeds {self.settings.max_body_bytes} bytes"
+                Reason.BODY_TOO_LARGE, f"the request body exceeds {self.settings.limits.max_body_bytes} bytes"
             )
         return None
 
@@ -174,29 +173,30 @@ class Proxy:
             return b""
         chunks: list[bytes] = []
         size = 0
-        async with asyncio.timeout(self.settings.body_timeout):
+        async with asyncio.timeout(self.settings.limits.body_timeout):
             async for chunk in request.content.iter_any():
                 size += len(chunk)
-                if size > self.settings.max_body_bytes:
+                if size > self.settings.limits.max_body_bytes:
                     raise _BodyTooLargeError
                 chunks.append(chunk)
         return b"".join(chunks)
 
     def _wait_limit(self, request: web.Request) -> float:
         limit = self.settings.queue_timeout
-        if raw := request.headers.get(self.settings.queue_timeout_header):
+        if raw := request.headers.get(self.settings.limits.queue_timeout_header):
             with contextlib.suppress(KvSidecarError):  # an unreadable header keeps the configured limit
                 limit = min(limit, max(0.0, parse_duration(raw)))
         return limit
 
     def _priority(self, request: web.Request, body_priority: int | None) -> int:
-        raw = request.headers.get(self.settings.priority_header)
+        raw = request.headers.get(self.settings.limits.priority_header)
         if raw is not None:
             try:
                 return int(raw)
             except ValueError:
                 raise RefusedError(
-                    Reason.INVALID_REQUEST, f"header {self.settings.priority_header} must be an integer"
+                    Reason.INVALID_REQUEST,
+                    f"header {self.settings.limits.priority_header} must be an integer",
                 ) from None
         return body_priority or 0
 
@@ -215,10 +215,10 @@ class Proxy:
             try:
                 body = await self._read_body(request)
             except _BodyTooLargeError:
-                size = self.settings.max_body_bytes
+                size = self.settings.limits.max_body_bytes
                 return self._refuse(account, Reason.BODY_TOO_LARGE, f"the request body exceeds {size} bytes")
             except TimeoutError:
-                wait = self.settings.body_timeout
+                wait = self.settings.limits.body_timeout
                 return self._refuse(
                     account, Reason.BODY_TIMEOUT, f"the request body did not arrive within {wait:g}s"
                 )
@@ -234,7 +234,7 @@ class Proxy:
                 try:
                     ticket = await self.controller.admit(
                         facts,
-                        tenant=tenant_of(request, self.settings.tenant_header),
+                        tenant=tenant_of(request, self.settings.limits.tenant_header),
                         priority=priority,
                         wait_limit=self._wait_limit(request),
                     )
@@ -306,11 +306,11 @@ class Proxy:
                     self.log.warning("upstream_unavailable", error=f"{type(exc).__name__}: {exc}")
             except TimeoutError:  # bytes were sent: never retried
                 self.log.warning(
-                    "upstream_timeout", path=request.path, timeout=self.settings.upstream_timeout
+                    "upstream_timeout", path=request.path, timeout=self.settings.limits.upstream_timeout
                 )
                 return RefusedError(
                     Reason.ENGINE_TIMEOUT,
-                    f"the engine did not answer within {self.settings.upstream_timeout:g}s",
+                    f"the engine did not answer within {self.settings.limits.upstream_timeout:g}s",
                 )
             except aiohttp.ClientError as exc:
                 self.log.warning("upstream_failed", error=f"{type(exc).__name__}: {exc}", path=request.path)

@@ -13,6 +13,7 @@ import pytest
 
 from sidecar.admission.controller import QueueSettings
 from sidecar.admission.pressure import PressureSettings
+from sidecar.settings import ClientLimits
 from tests.fake_vllm import FakeVllm
 from tests.integration.conftest import RunningSidecar, start_sidecar
 
@@ -31,8 +32,9 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0) 
 @pytest.fixture
 async def sidecar(fake_vllm: FakeVllm) -> AsyncIterator[RunningSidecar]:
     fake_vllm.state.set_kv_usage(0.1)
-    running = await start_sidecar(fake_vllm.url, proxy=True, pressure=PressureSettings(window=0.2), body_timeout=0.5,
-                                  upstream_timeout=0.5, queue=QueueSettings(max_entries=5000, timeout=120))  # fmt: skip
+    running = await start_sidecar(fake_vllm.url, proxy=True, pressure=PressureSettings(window=0.2),
+                                  limits=ClientLimits(body_timeout=0.5, upstream_timeout=0.5),
+                                  queue=QueueSettings(max_entries=5000, timeout=120))  # fmt: skip
     # timeout 120 s: the sidecar sheds arrivals (429) once its oldest waiter has waited half its limit; a thousand
     # clients arriving on a loaded 2-core CI machine must all be queued before that, or the count never reaches 1000
     yield running
@@ -199,7 +201,7 @@ async def dribble(port: int, head: bytes, *, every: float, limit: float) -> tupl
 @pytest.mark.parametrize("port", ["proxy", "admin"])
 async def test_a_head_sent_byte_by_byte_is_cut_off(fake_vllm: FakeVllm, port: str) -> None:
     """Slowloris: a request head dribbled in for longer than --header-timeout gets 408 and a closed connection."""
-    running = await start_sidecar(fake_vllm.url, proxy=True, header_timeout=1.0)
+    running = await start_sidecar(fake_vllm.url, proxy=True, limits=ClientLimits(header_timeout=1.0))
     try:
         url = running.proxy if port == "proxy" else running.admin
         head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
@@ -215,7 +217,7 @@ async def test_a_head_sent_byte_by_byte_is_cut_off(fake_vllm: FakeVllm, port: st
 
 async def test_an_idle_keep_alive_connection_is_not_a_slow_head(fake_vllm: FakeVllm) -> None:
     """Silence between requests is keep-alive's business: a connection idle past --header-timeout still works."""
-    running = await start_sidecar(fake_vllm.url, proxy=True, header_timeout=0.5)
+    running = await start_sidecar(fake_vllm.url, proxy=True, limits=ClientLimits(header_timeout=0.5))
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
             for _ in range(2):

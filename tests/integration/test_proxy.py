@@ -15,6 +15,7 @@ import pytest
 from sidecar.admission.controller import QueueSettings
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.pressure import PressureSettings
+from sidecar.settings import ClientLimits
 from tests.fake_vllm import FakeVllm
 from tests.integration.conftest import STARTED, RunningSidecar, start_sidecar
 
@@ -297,7 +298,7 @@ async def test_bad_bodies_get_400_naming_the_problem(
 
 
 async def test_body_limit(fake_vllm: FakeVllm) -> None:
-    running = await start_sidecar(fake_vllm.url, proxy=True, max_body_bytes=1000)
+    running = await start_sidecar(fake_vllm.url, proxy=True, limits=ClientLimits(max_body_bytes=1000))
     try:
         code, headers, _ = await post(running.proxy, "x" * 2000)
         assert (code, headers["X-KV-Sidecar-Reason"]) == (413, "body-too-large")

@@ -255,3 +255,40 @@ def test_a_boolean_variable_must_read_as_one(raw: str, code: int, capsys: pytest
     assert main([*HEADLINE, "--format", "json"], environ={"KV_SIDECAR_ENFORCE_EAGER": raw}) == code
     if code:
         assert "KV_SIDECAR_ENFORCE_EAGER='" in capsys.readouterr().err
+
+
+def test_run_defaults_are_the_settings_types_defaults() -> None:
+    """The CLI writes no default of its own: each comes from the settings type that owns it."""
+    from sidecar.admission.decide import AdmissionConfig  # noqa: PLC0415
+    from sidecar.admission.outputs import OutputSettings  # noqa: PLC0415
+    from sidecar.admission.pressure import PressureSettings, Staleness  # noqa: PLC0415
+    from sidecar.admission.tickets import QueueSettings  # noqa: PLC0415
+    from sidecar.cli import build_parser  # noqa: PLC0415
+    from sidecar.settings import ClientLimits  # noqa: PLC0415
+
+    args = build_parser().parse_args(["run", "--upstream", "http://127.0.0.1:8000"])
+    limits, pressure, queue, admission = (
+        ClientLimits(),
+        PressureSettings(),
+        QueueSettings(),
+        AdmissionConfig(),
+    )
+    pairs = {
+        "max_body_bytes": limits.max_body_bytes,
+        "body_timeout": limits.body_timeout,
+        "header_timeout": limits.header_timeout,
+        "upstream_timeout": limits.upstream_timeout,
+        "tenant_header": limits.tenant_header,
+        "pressure_threshold": pressure.enter_threshold,
+        "release_threshold": pressure.release_threshold,
+        "pressure_window": pressure.window,
+        "stale_after": Staleness().after,
+        "queue_max_entries": queue.max_entries,
+        "queue_max_tokens": queue.max_tokens,
+        "queue_timeout": queue.timeout,
+        "long_lane_concurrency": admission.long_lane_concurrency,
+        "on_pressure": admission.on_pressure,
+        "admission": admission.mode.value,
+        "output_quantile": OutputSettings().quantile,
+    }
+    assert {name: getattr(args, name) for name in pairs} == pairs
