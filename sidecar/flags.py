@@ -15,9 +15,10 @@ from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureSettings, Staleness
 from sidecar.admission.tickets import QueueSettings
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
 from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
+from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS
 from sidecar.settings import DRAIN_TIMEOUT_SECONDS, ClientLimits, ScrapeSettings, default_of
 from sidecar.signals.kinds import EngineKind
@@ -179,13 +180,23 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         type=parse_positive_int,
         help="tokens per sequence (default: the model's or engine's)",
     )
-    add("--concurrency", type=parse_positive_int, default=1, help="sequences that must fit at full length")
+    add(
+        "--concurrency",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "concurrency"),
+        help="sequences that must fit at full length (default %(default)s)",
+    )
     add(
         "--gpu-memory-utilization",
         type=parse_ratio,
         help="vLLM's share of GPU memory (default: the release's, 0.92 from vLLM 0.20, else 0.9)",
     )
-    add("--tensor-parallel-size", type=parse_positive_int, default=1, help="GPUs per engine")
+    add(
+        "--tensor-parallel-size",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "tensor_parallel_size"),
+        help="GPUs per engine (default %(default)s)",
+    )
     add(
         "--block-size",
         type=parse_positive_int,
@@ -243,8 +254,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--sustain-window",
         type=positive_duration,
-        default=60.0,
-        help="how long 'sustained' is (default 60s)",
+        default=default_of(MonitorSettings, "sustain_seconds"),
+        help="how long 'sustained' is (default %(default)ss)",
     )
     group.add_argument("--log-level", type=choice("debug", "info", "warning", "error"), default="info")
 

@@ -34,9 +34,10 @@ from enum import StrEnum
 from typing import Any, Final
 
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
-from sidecar.budget.ledger import Ledger
+from sidecar.budget.ledger import Ledger, PlanRequest
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import Observation, SignalHistory
+from sidecar.settings import default_of
 from sidecar.signals.engines import BY_KIND
 from sidecar.signals.kinds import EngineKind
 from sidecar.signals.vllm import EngineSnapshot
@@ -122,7 +123,7 @@ class Comparison:
 class MonitorSettings:
     """What the operator asked for, and how long "sustained" is."""
 
-    target_concurrency: int = 1
+    target_concurrency: int = default_of(PlanRequest, "concurrency")
     requested_kv_dtype: str | None = None  # only when given explicitly
     model_dtype: str | None = None
     sustain_seconds: float = 60.0

@@ -19,6 +19,7 @@ from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.errors import UsageError
+from sidecar.settings import default_of
 from sidecar.signals.vllm import CacheConfig
 
 MODEL_RETRY_SECONDS = 30.0
@@ -36,9 +37,9 @@ class PlanInputs:
     weight_dtype: str | None = None
     kv_cache_dtype: str | None = None
     max_model_len: int | None = None
-    concurrency: int = 1
+    concurrency: int = default_of(PlanRequest, "concurrency")  # the budget's own defaults, not copies
     gpu_memory_utilization: float | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = default_of(PlanRequest, "tensor_parallel_size")
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
