@@ -27,12 +27,7 @@ from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.admission.capacity import PoolView
-from sidecar.admission.controller import (
-    AdmissionCollector,
-    AdmissionController,
-    AdmissionMetrics,
-    QueueSettings,
-)
+from sidecar.admission.controller import AdmissionController, QueueSettings
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, Staleness
@@ -44,11 +39,19 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
-from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
+from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
 from sidecar.server.admin import Lifecycle, build_admin_app
 from sidecar.server.connection import HeadDeadline, head_middleware, serve_guarded
-from sidecar.server.gateway import GatewayCollector, GatewayPage, current_load
-from sidecar.server.metrics import ConnectionMetrics, ProxyMetrics, register_monitor_metrics
+from sidecar.server.gateway import GatewayPage, current_load
+from sidecar.server.metrics import (
+    AdmissionCollector,
+    AdmissionMetrics,
+    ConnectionMetrics,
+    GatewayCollector,
+    MonitorCollector,
+    ProxyMetrics,
+    ScrapeMetrics,
+)
 from sidecar.server.proxy import Proxy, ProxySettings
 from sidecar.settings import ADMIN_LISTEN, DRAIN_TIMEOUT_SECONDS, LISTEN, ClientLimits
 from sidecar.signals import EngineSnapshot
@@ -115,7 +118,7 @@ class SidecarApp:
         self._resolve_model = resolve_model if model_error is not None else None
         self._model_task: asyncio.Task[None] | None = None
         self.lifecycle = Lifecycle(staleness=options.staleness)
-        register_monitor_metrics(self.registry, self.monitor, clock)
+        self.registry.register(MonitorCollector(self.monitor, clock))
         self.scrape_metrics = ScrapeMetrics(self.registry)
         self.nvml = NvmlReader(log, nvml_module) if options.nvml else None
         self.controller = AdmissionController(

@@ -20,8 +20,9 @@ from sidecar.monitor.diagnose import MonitorSettings, Severity
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import PlanInputs
-from sidecar.monitor.scraper import EngineScraper, ScrapeMetrics, ScrapeSettings
+from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
 from sidecar.server.admin import budget_document
+from sidecar.server.metrics import ScrapeMetrics
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

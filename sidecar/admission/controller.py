@@ -46,7 +46,6 @@ from sidecar.admission.decide import (
     decide,
     lane_of,
 )
-from sidecar.admission.metrics import AdmissionCollector, AdmissionMetrics
 from sidecar.admission.order import pick_next, urgency
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError, reason_message
 from sidecar.admission.outputs import OutputSettings
@@ -54,13 +53,14 @@ from sidecar.admission.parity import engine_refusal
 from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.pressure import ConcurrencyCap, PressureDetector, PressureState, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry
+from sidecar.admission.recorder import AdmissionRecorder
 from sidecar.admission.retry import (
     ServiceStats,
 )
 from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, token_reservation
 from sidecar.admission.waits import WaitAdvisor
 
-__all__ = ["AdmissionCollector", "AdmissionController", "AdmissionMetrics", "QueueSettings", "Ticket"]
+__all__ = ["AdmissionController", "AdmissionRecorder", "QueueSettings", "Ticket"]
 
 
 class AdmissionController:
@@ -71,7 +71,7 @@ class AdmissionController:
         config: AdmissionConfig,
         detector: PressureDetector,
         queue_settings: QueueSettings,
-        metrics: AdmissionMetrics,
+        metrics: AdmissionRecorder,
         *,
         clock: Callable[[], float] = time.monotonic,
         max_model_len: Callable[[], int | None] = lambda: None,
@@ -207,7 +207,7 @@ class AdmissionController:
 
     def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
         """Count one request's outcome (the proxy counts admissions once the engine has the request)."""
-        self.metrics.outcomes.labels(outcome=outcome.value, reason=reason.value, lane=lane.value).inc()
+        self.metrics.outcome(outcome, reason, lane)
 
     def lane_of(self, facts: RequestFacts) -> Lane:
         """The lane ``facts`` travels in."""
@@ -266,15 +266,13 @@ class AdmissionController:
             ) from None
         except asyncio.CancelledError:  # the caller counts the cancellation (it knows the whole request)
             if queue.remove(entry):
-                self.metrics.queue_wait.labels(lane=waiter.lane.value).observe(
-                    self._clock() - waiter.enqueued_at
-                )
+                self.metrics.queue_wait(waiter.lane, self._clock() - waiter.enqueued_at)
             elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 self.release(waiter.future.result(), completed=False)  # granted, but the client is gone
             raise
 
     def _left_queue(self, waiter: Waiter, outcome: Outcome, reason: Reason) -> None:
-        self.metrics.queue_wait.labels(lane=waiter.lane.value).observe(self._clock() - waiter.enqueued_at)
+        self.metrics.queue_wait(waiter.lane, self._clock() - waiter.enqueued_at)
         self.count(outcome, reason, waiter.lane)
 
     def _long_head_has_waited(self, now: float) -> bool:
@@ -314,7 +312,7 @@ class AdmissionController:
                 return True
             queue.take(entry)
             waited = self._clock() - waiter.enqueued_at
-            self.metrics.queue_wait.labels(lane=lane.value).observe(waited)
+            self.metrics.queue_wait(lane, waited)
             waiter.future.set_result(self._grant(waiter, waited, queued=True))
         return False
 
@@ -366,7 +364,7 @@ class AdmissionController:
         before = self.detector.state
         after = self.detector.observe(now, usage, stale=stale)
         if after is not before:
-            self.metrics.transitions.labels(to=after.value).inc()
+            self.metrics.transition(after)
         self.planner.observe(now, usage, stale=stale, steps=steps, waiting=waiting, running=running)
         self._update_cap(now)
         self.dispatch()

@@ -3,9 +3,9 @@
 Each round fetches the page with a timeout, scans it (see :mod:`sidecar.signals`), reads NVML in
 a worker thread when enabled, and reports the outcome to the :class:`~sidecar.monitor.monitor.Monitor`
 with the injected clock's time. After a failure the next round waits
-``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Outcomes are
-counted in ``kv_sidecar_scrape_errors_total{reason}`` and timed in
-``kv_sidecar_scrape_duration_seconds``; logging of state changes is the monitor's job.
+``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Durations, failures by
+reason and restarts go to a :class:`ScrapeRecorder` (Prometheus families in ``sidecar.server.metrics``);
+logging of state changes is the monitor's job.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.monitor.monitor import Monitor
@@ -25,35 +25,22 @@ from sidecar.signals import MetricsParseError
 from sidecar.signals.engines import BY_KIND, detect, parse_engine_metrics
 from sidecar.signals.kinds import EngineKind
 
-__all__ = ["EngineScraper", "ScrapeMetrics", "ScrapeSettings"]
+__all__ = ["EngineScraper", "ScrapeRecorder", "ScrapeSettings"]
 
-SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MAX_PAGE_BYTES = 16 * 1024 * 1024
 
 
-class ScrapeMetrics:
-    """The scraper's own counters, registered on an explicit registry."""
+class ScrapeRecorder(Protocol):
+    """Where the scraper records how its rounds went (``sidecar.server.metrics.ScrapeMetrics``)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.duration = Histogram(
-            "kv_sidecar_scrape_duration_seconds",
-            "Time to fetch and scan the engine's /metrics page.",
-            buckets=SCRAPE_BUCKETS,
-            registry=registry,
-        )
-        self.errors = Counter(
-            "kv_sidecar_scrape_errors",
-            "Failed scrapes of the engine's /metrics by reason: connect, timeout, status, parse, too_large.",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in ("connect", "timeout", "status", "parse", "too_large"):
-            self.errors.labels(reason=reason)
-        self.restarts = Counter(
-            "kv_sidecar_scraper_restarts",
-            "Times the scrape loop died of an unexpected error and was started again.",
-            registry=registry,
-        )
+    def duration(self, seconds: float) -> None:
+        """A round's fetch and scan took ``seconds``."""
+
+    def error(self, reason: str) -> None:
+        """A round failed: connect, timeout, status, parse or too_large."""
+
+    def restart(self) -> None:
+        """The scrape loop died of a bug and was started again."""
 
 
 class _ScrapeFailedError(Exception):
@@ -70,7 +57,7 @@ class EngineScraper:
         client: httpx.AsyncClient,
         upstream: str,
         monitor: Monitor,
-        metrics: ScrapeMetrics,
+        metrics: ScrapeRecorder,
         *,
         settings: ScrapeSettings,
         clock: Callable[[], float] = time.monotonic,
@@ -147,16 +134,16 @@ class EngineScraper:
             text = page.decode("utf-8", errors="replace")
             snapshot = parse_engine_metrics(text, self._settings.engine or detect(text))
         except _ScrapeFailedError as failure:
-            self._metrics.errors.labels(reason=failure.reason).inc()
+            self._metrics.error(failure.reason)
             self._models_fetched = False
             self._monitor.record_failure(str(failure), self._clock())
             return False
         except MetricsParseError as exc:
-            self._metrics.errors.labels(reason="parse").inc()
+            self._metrics.error("parse")
             self._monitor.record_failure(f"unparseable /metrics page: {exc}", self._clock())
             return False
         finally:
-            self._metrics.duration.observe(time.perf_counter() - started)
+            self._metrics.duration(time.perf_counter() - started)
         self.last_page = page
         if not self._models_fetched:
             await self._fetch_max_model_len()
@@ -191,6 +178,6 @@ class EngineScraper:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any bug in a round: keep watching the engine
-                self._metrics.restarts.inc()
+                self._metrics.restart()
                 log.error("scraper_restarted", error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(self._settings.interval)

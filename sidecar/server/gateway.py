@@ -22,8 +22,8 @@ sidecar's own, named so that no one mistakes them for the engine's:
   pool the sidecar has reserved for what it admitted (capacity admission: the in-flight
   requests' planned peaks in blocks; token-budget: reserved tokens), capped at 1.
 
-:func:`gateway_load` is the pure rule; :class:`GatewayCollector` reads it at collection time
-(registered on the admin registry too, for Prometheus and KEDA); :class:`GatewayPage` answers
+:func:`gateway_load` is the pure rule; ``sidecar.server.metrics.GatewayCollector`` reads it at
+collection time (registered on the admin registry too, for Prometheus and KEDA); :class:`GatewayPage` answers
 the proxy's ``/metrics`` from memory (no upstream request, no parsing: a join of the cached page
 and three rendered lines), so the answer never waits on a slow scrape.
 """
@@ -35,20 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from sidecar.admission.controller import AdmissionController
 from sidecar.admission.decide import AdmissionMode
+from sidecar.server.metrics import GATEWAY_KV_USAGE, GATEWAY_QUEUED, GATEWAY_RUNNING
 from sidecar.signals import EngineSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The text format vLLM's page is in (``prometheus_client``'s 0.0.4), so one page holds both."""
 
-QUEUED = "kv_sidecar_gateway_queued_requests"
-RUNNING = "kv_sidecar_gateway_running_requests"
-KV_USAGE = "kv_sidecar_gateway_kv_cache_usage"
+QUEUED, RUNNING, KV_USAGE = GATEWAY_QUEUED, GATEWAY_RUNNING, GATEWAY_KV_USAGE
+"""The gateway series' names (defined with every other family in :mod:`sidecar.server.metrics`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,36 +107,10 @@ def current_load(
     )
 
 
-class GatewayCollector(Collector):
-    """The three gateway gauges, computed at collection time."""
-
-    def __init__(self, load: Callable[[], GatewayLoad]) -> None:
-        self._load = load
-
-    def collect(self) -> list[Metric]:
-        """The gauges."""
-        load = self._load()
-        queued = GaugeMetricFamily(
-            QUEUED, "Requests waiting: the engine's waiting queue plus the sidecar's admission queue."
-        )
-        queued.add_metric([], load.queued)
-        running = GaugeMetricFamily(
-            RUNNING, "Requests running in the engine (the sidecar's in-flight if unknown)."
-        )
-        running.add_metric([], load.running)
-        usage = GaugeMetricFamily(
-            KV_USAGE,
-            "KV-cache utilisation (0..1) as the sidecar sees it: the larger of the engine's gauge "
-            "and the pool share reserved for admitted requests.",
-        )
-        usage.add_metric([], load.kv_usage)
-        return [queued, running, usage]
-
-
 class GatewayPage:
     """The proxy port's ``/metrics`` body: the engine's cached page, then the gateway gauges."""
 
-    def __init__(self, collector: GatewayCollector, engine_page: Callable[[], bytes]) -> None:
+    def __init__(self, collector: Collector, engine_page: Callable[[], bytes]) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(collector)
         self._engine_page = engine_page

@@ -1,31 +1,47 @@
-"""The sidecar's own Prometheus metrics, computed from the monitor at scrape time.
+"""Every Prometheus family of the sidecar, defined here and nowhere else (README: "Metrics").
 
-A custom collector (as ``prometheus_client`` recommends for values that live elsewhere) reads
-the :class:`~sidecar.monitor.monitor.Monitor` whenever Prometheus scrapes, so nothing is copied
-on the hot path and nothing goes stale between scrapes. Everything is registered on an explicit
-``CollectorRegistry``; the library's global registry is never used. Names, units and labels are
-listed in the README ("Metrics").
+The pure layers report through protocols (admission's ``AdmissionRecorder``, the scraper's
+``ScrapeRecorder``) that the classes here implement, so they import no metrics library. State that
+lives elsewhere (monitor, admission queues, gateway load) is read by custom collectors at scrape
+time, as ``prometheus_client`` recommends. Everything is on an explicit ``CollectorRegistry``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
-from sidecar.admission.outcomes import Lane
+from sidecar.admission.decide import AdmissionMode
+from sidecar.admission.outcomes import Lane, Outcome, Reason
+from sidecar.admission.pressure import PressureState
 from sidecar.monitor.diagnose import DiagnosisId, Severity
 from sidecar.monitor.monitor import Monitor
+
+if TYPE_CHECKING:
+    from sidecar.admission.controller import AdmissionController
+    from sidecar.server.gateway import GatewayLoad
 
 _DIAGNOSIS_IDS = tuple(DiagnosisId)  # every id is exported, 0 while inactive
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"kv_sidecar_{name}", doc, labels=list(labels))
+
+
+def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    return Counter(name, doc, list(labels), registry=registry)
+
+
+def _histogram(
+    registry: CollectorRegistry, name: str, doc: str, buckets: tuple[float, ...], *labels: str
+) -> Histogram:
+    return Histogram(name, doc, list(labels), buckets=buckets, registry=registry)
 
 
 class MonitorCollector(Collector):
@@ -41,17 +57,13 @@ class MonitorCollector(Collector):
         up = _gauge("engine_up", "1 when the last scrape of the engine's /metrics succeeded, else 0.")
         up.add_metric([], 1.0 if engine.up else 0.0)
         yield up
-        age = _gauge(
-            "engine_metrics_age_seconds", "Seconds since the engine's metrics were last read successfully."
-        )
+        age = _gauge("engine_metrics_age_seconds", "Seconds since the engine's metrics were last read.")
         value = engine.metrics_age(self._clock())
         age.add_metric([], math.inf if value is None else value)
         yield age
-        usage = _gauge(
-            "engine_kv_cache_usage_ratio", "Engine KV-cache usage (0..1); the most saturated engine."
-        )
+        usage = _gauge("engine_kv_cache_usage_ratio", "Engine KV-cache usage (0..1), the fullest engine's.")
         requests = _gauge(
-            "engine_requests", "Engine requests by state (running, waiting, swapped).", ("state",)
+            "engine_requests", "Engine requests by state: running, waiting, swapped.", ("state",)
         )
         preemptions = CounterMetricFamily(
             "kv_sidecar_engine_preemptions", "Engine preemptions since it started (vLLM's counter, summed)."
@@ -142,17 +154,14 @@ class MonitorCollector(Collector):
 
     def _diagnoses(self) -> Iterator[Metric]:
         active = {d.id for d in self._monitor.diagnoses}
-        family = _gauge(
-            "diagnosis_active", "1 while the diagnosis with this stable id holds, else 0.", ("id",)
-        )
+        family = _gauge("diagnosis_active", "1 while the diagnosis with this id holds, else 0.", ("id",))
         for diagnosis_id in _DIAGNOSIS_IDS:
             family.add_metric([diagnosis_id.value], 1.0 if diagnosis_id in active else 0.0)
         yield family
         counts = _gauge("diagnoses", "Diagnoses holding now, by severity.", ("severity",))
+        severities = [d.severity for d in self._monitor.diagnoses]
         for severity in Severity:
-            counts.add_metric(
-                [severity.value], float(sum(d.severity is severity for d in self._monitor.diagnoses))
-            )
+            counts.add_metric([severity.value], float(severities.count(severity)))
         yield counts
 
     def collect(self) -> Iterator[Metric]:
@@ -166,33 +175,8 @@ class MonitorCollector(Collector):
         yield from self._diagnoses()
 
 
-def register_monitor_metrics(
-    registry: CollectorRegistry, monitor: Monitor, clock: Callable[[], float]
-) -> None:
-    """Register the monitor's collector on ``registry``."""
-    registry.register(MonitorCollector(monitor, clock))
-
-
-LATENCY_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-    120,
-    300,
-)
+_SUB_SECOND = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+LATENCY_BUCKETS = (*_SUB_SECOND, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Latency buckets of the proxy's histograms, in seconds."""
 
 
@@ -200,11 +184,11 @@ class ConnectionMetrics:
     """Connections closed by the sidecar itself, per listening port."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.header_timeouts = Counter(
+        self.header_timeouts = _counter(
+            registry,
             "kv_sidecar_header_timeouts",
-            "Connections closed (408) because a request head did not arrive within --header-timeout.",
-            ["port"],
-            registry=registry,
+            "Connections closed (408): a head took over --header-timeout.",
+            "port",
         )
         for port in ("proxy", "admin"):
             self.header_timeouts.labels(port=port)
@@ -214,20 +198,203 @@ class ProxyMetrics:
     """Latency histograms of proxied requests, on an explicit registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.duration = Histogram(
+        self.duration = _histogram(
+            registry,
             "kv_sidecar_request_duration_seconds",
             "Time from receiving a request to the end of its response, by lane (other: not generation).",
-            ["lane"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            "lane",
         )
-        self.ttfb = Histogram(
+        self.ttfb = _histogram(
+            registry,
             "kv_sidecar_time_to_first_byte_seconds",
             "Time from receiving a request to the first byte of the upstream's response body, by lane.",
-            ["lane"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            "lane",
         )
         for lane in (*[lane.value for lane in Lane], "other"):
             self.duration.labels(lane=lane)
             self.ttfb.labels(lane=lane)
+
+
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
+
+
+class AdmissionMetrics:
+    """Admission's counters and histograms, on an explicit registry: its :class:`AdmissionRecorder`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.outcomes = _counter(
+            registry,
+            "kv_sidecar_admission",
+            "Generation requests by outcome (admitted, refused, dropped, cancelled), reason and lane.",
+            "outcome",
+            "reason",
+            "lane",
+        )
+        self.queue_wait_seconds = _histogram(
+            registry,
+            "kv_sidecar_queue_wait_seconds",
+            "Time generation requests spent in the admission queue, however they left it.",
+            WAIT_BUCKETS,
+            "lane",
+        )
+        self.transitions = _counter(
+            registry, "kv_sidecar_pressure_transitions", "Pressure state changes, by the state entered.", "to"
+        )
+        self.output_samples = _counter(
+            registry,
+            "kv_sidecar_output_length_samples",
+            "Answers whose length was learned, by source: usage, stream.",
+            "source",
+        )
+        for source in ("usage", "stream"):
+            self.output_samples.labels(source=source)
+        for lane in Lane:
+            self.queue_wait_seconds.labels(lane=lane.value)
+            self.outcomes.labels(
+                outcome=Outcome.ADMITTED.value, reason=Reason.ADMITTED.value, lane=lane.value
+            )
+        for state in PressureState:
+            self.transitions.labels(to=state.value)
+
+    def outcome(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
+        """Count a request's end."""
+        self.outcomes.labels(outcome=outcome.value, reason=reason.value, lane=lane.value).inc()
+
+    def queue_wait(self, lane: Lane, seconds: float) -> None:
+        """Observe a queue wait."""
+        self.queue_wait_seconds.labels(lane=lane.value).observe(seconds)
+
+    def transition(self, state: PressureState) -> None:
+        """Count a pressure transition."""
+        self.transitions.labels(to=state.value).inc()
+
+    def output_sample(self, source: str) -> None:
+        """Count a learned answer length."""
+        self.output_samples.labels(source=source).inc()
+
+
+class AdmissionCollector(Collector):
+    """Queue depth, in-flight requests, reserved tokens and the pressure state, read at scrape time."""
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self._controller = controller
+
+    def collect(self) -> list[Metric]:
+        """The gauges."""
+        controller = self._controller
+        depth = GaugeMetricFamily(
+            "kv_sidecar_queue_depth", "Requests waiting in the admission queue.", labels=["lane"]
+        )
+        inflight = GaugeMetricFamily(
+            "kv_sidecar_inflight_requests",
+            "Admitted generation requests whose responses have not ended.",
+            labels=["lane"],
+        )
+        for lane in Lane:
+            depth.add_metric([lane.value], float(len(controller.queues[lane])))
+            inflight.add_metric([lane.value], float(controller.inflight[lane]))
+        state = GaugeMetricFamily(
+            "kv_sidecar_pressure_state", "1 while admission acts under KV pressure (effective state), else 0."
+        )
+        now = controller.now()
+        state.add_metric([], 1.0 if controller.pressure_state(now) is PressureState.PRESSURE else 0.0)
+        reserved = GaugeMetricFamily(
+            "kv_sidecar_reserved_kv_tokens",
+            "KV tokens reserved by in-flight requests (token-budget accounting).",
+        )
+        reserved.add_metric([], float(controller.reserved_tokens))
+        policy = GaugeMetricFamily(
+            "kv_sidecar_admission_policy",
+            "1 for the admission policy in effect (capacity falls back to lanes while no KV pool is known).",
+            labels=["policy", "requested"],
+        )
+        effective = controller.policy()
+        for mode in AdmissionMode:
+            policy.add_metric([mode.value, controller.config.mode.value], 1.0 if mode is effective else 0.0)
+        blocks = GaugeMetricFamily(
+            "kv_sidecar_kv_blocks",
+            "Capacity admission's view of the KV pool in blocks: pool, planned (in-flight peaks), "
+            "unexplained (in use by the engine beyond the plan).",
+            labels=["kind"],
+        )
+        for kind, value in controller.planner.block_figures(now).items():
+            blocks.add_metric([kind], float(value))
+        cap = GaugeMetricFamily(
+            "kv_sidecar_concurrency_cap",
+            "Admitted requests allowed at once while under sustained KV pressure (+Inf: no cap).",
+        )
+        cap.add_metric([], float(controller.concurrency_cap) if controller.concurrency_cap else math.inf)
+        return [depth, inflight, state, reserved, policy, blocks, cap]
+
+
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ScrapeMetrics:
+    """The scraper's own families, on an explicit registry: its ``ScrapeRecorder``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._duration = _histogram(
+            registry,
+            "kv_sidecar_scrape_duration_seconds",
+            "Time to fetch and scan the engine's page.",
+            SCRAPE_BUCKETS,
+        )
+        self._errors = _counter(
+            registry,
+            "kv_sidecar_scrape_errors",
+            "Failed scrapes of the engine's /metrics by reason: connect, timeout, status, parse, too_large.",
+            "reason",
+        )
+        for reason in ("connect", "timeout", "status", "parse", "too_large"):
+            self._errors.labels(reason=reason)
+        self._restarts = _counter(
+            registry,
+            "kv_sidecar_scraper_restarts",
+            "Times the scrape loop died of a bug and was started again.",
+        )
+
+    def duration(self, seconds: float) -> None:
+        """Observe a round's duration."""
+        self._duration.observe(seconds)
+
+    def error(self, reason: str) -> None:
+        """Count a failed round."""
+        self._errors.labels(reason=reason).inc()
+
+    def restart(self) -> None:
+        """Count a restart of the loop."""
+        self._restarts.inc()
+
+
+GATEWAY_QUEUED = "kv_sidecar_gateway_queued_requests"
+GATEWAY_RUNNING = "kv_sidecar_gateway_running_requests"
+GATEWAY_KV_USAGE = "kv_sidecar_gateway_kv_cache_usage"
+
+
+class GatewayCollector(Collector):
+    """The three gateway gauges, computed at collection time."""
+
+    def __init__(self, load: Callable[[], GatewayLoad]) -> None:
+        self._load = load
+
+    def collect(self) -> list[Metric]:
+        """The gauges."""
+        load = self._load()
+        queued = GaugeMetricFamily(
+            GATEWAY_QUEUED, "Requests waiting: the engine's waiting queue plus the sidecar's admission queue."
+        )
+        queued.add_metric([], load.queued)
+        running = GaugeMetricFamily(
+            GATEWAY_RUNNING, "Requests running in the engine (the sidecar's in-flight if unknown)."
+        )
+        running.add_metric([], load.running)
+        usage = GaugeMetricFamily(
+            GATEWAY_KV_USAGE,
+            "KV-cache utilisation (0..1) as the sidecar sees it: the larger of the engine's gauge "
+            "and the pool share reserved for admitted requests.",
+        )
+        usage.add_metric([], load.kv_usage)
+        return [queued, running, usage]

@@ -281,7 +281,7 @@ class Proxy:
             answer.feed(data)
             ticket.completion_tokens = answer.completion_tokens()
             if ticket.completion_tokens is not None:
-                self.controller.metrics.output_samples.labels(source="usage").inc()
+                self.controller.metrics.output_sample("usage")
         headers = response_headers(upstream.headers)
         headers.popall("Content-Length", None)  # web.Response sets it from the body
         self.metrics.duration.labels(lane=lane).observe(time.perf_counter() - started)
@@ -377,7 +377,7 @@ class Proxy:
                 answer.ticket.completion_tokens = answer.completion_tokens()
                 source = "usage" if answer.usage_seen else "stream"
                 if answer.ticket.completion_tokens is not None:
-                    self.controller.metrics.output_samples.labels(source=source).inc()
+                    self.controller.metrics.output_sample(source)
             return response
         finally:
             if complete:

@@ -10,11 +10,12 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import PoolView
-from sidecar.admission.controller import AdmissionController, AdmissionMetrics, QueueSettings, Ticket
+from sidecar.admission.controller import AdmissionController, QueueSettings, Ticket
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.outcomes import Lane, Reason, RefusedError
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, StaleMode, Staleness
+from sidecar.server.metrics import AdmissionMetrics
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,15 +23,35 @@ def test_no_module_is_over_400_lines(path: Path) -> None:
     assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_MODULE_LINES
 
 
-def test_every_metric_family_is_defined_once() -> None:
+TELEMETRY = ROOT / "sidecar" / "server" / "metrics.py"
+
+
+def test_every_metric_family_is_defined_once_in_one_module() -> None:
     names: list[str] = []
     for path in SOURCES:
         text = path.read_text(encoding="utf-8")
-        names += re.findall(r'"(kv_sidecar_[a-z_]+)"', text)
-        names += ["kv_sidecar_" + n for n in re.findall(r'_gauge\(\s*"([a-z_]+)"', text)]
+        found = re.findall(r'"(kv_sidecar_[a-z_]+)"', text)
+        found += ["kv_sidecar_" + n for n in re.findall(r'_gauge\(\s*"([a-z_]+)"', text)]
+        assert path == TELEMETRY or not found, f"{path.relative_to(ROOT)} defines {found}"
+        names += found
     assert len(names) > 20
     repeated = sorted({n for n in names if names.count(n) > 1})
     assert repeated == []
+
+
+def test_the_pure_core_imports_no_metrics_library() -> None:
+    """Admission, signals, budget and the monitor's core record through protocols, not prometheus_client."""
+    modules = [
+        "sidecar.admission.controller",
+        "sidecar.admission.capacity",
+        "sidecar.signals",
+        "sidecar.budget",
+    ]
+    code = f"import sys; import {', '.join(modules)}; print('prometheus_client' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("diagnosis", list(DiagnosisId))

@@ -19,7 +19,7 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import PlanInputs
-from sidecar.server.metrics import register_monitor_metrics
+from sidecar.server.metrics import MonitorCollector
 from sidecar.signals import parse_vllm_metrics
 from sidecar.units import GIB, MIB
 from tests.fake_vllm import PRESSURE_PAGE, page
@@ -151,7 +151,7 @@ def _families(registry: CollectorRegistry) -> dict[str, Any]:
 def test_metrics_exposition_names_and_values() -> None:
     monitor = Monitor(PlanInputs(), MonitorSettings(), make_logger(io.StringIO()))
     registry = CollectorRegistry()
-    register_monitor_metrics(registry, monitor, clock=lambda: 12.5)
+    registry.register(MonitorCollector(monitor, clock=lambda: 12.5))
     before = _families(registry)
     assert before["kv_sidecar_engine_up"].samples[0].value == 0.0
     assert before["kv_sidecar_engine_metrics_age_seconds"].samples[0].value == float("inf")
@@ -182,7 +182,7 @@ def test_prediction_metrics_appear_with_a_model(name: str) -> None:
         PlanInputs(architecture=TINY, gpu_memory_bytes=24 * GIB), MonitorSettings(), make_logger()
     )
     registry = CollectorRegistry()
-    register_monitor_metrics(registry, monitor, clock=lambda: 0.0)
+    registry.register(MonitorCollector(monitor, clock=lambda: 0.0))
     monitor.engine.max_model_len = 1024
     monitor.record_success(parse_vllm_metrics(page(PRESSURE_PAGE)), now=0.0)
     samples = _families(registry)[name.removesuffix("_total")].samples
