@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.proxy_overhead import RESULTS, free_port, start, throughput, wait_ready
+from bench.proxy_overhead import RESULTS, free_port, start, stop_all, throughput, wait_ready
 from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
 
 POLL_SECONDS = 0.05  # the EPP's default refresh interval
@@ -160,13 +159,7 @@ async def _measure(
                         row.setdefault("load_rps", []).append(float(output.decode().strip() or 0.0))
         return {name: {k: statistics.median(v) for k, v in row.items()} for name, row in samples.items()}
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
 
 
 def main() -> None:

@@ -141,6 +141,17 @@ def start_nginx(port: int, upstream_port: int) -> subprocess.Popen[bytes] | None
     return start([binary, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"])
 
 
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process, then wait for each (killed after 40 s)."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def start(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -184,13 +195,7 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
                 row.setdefault("chunk", []).append(statistics.median(await first_chunk_delays(url, 50)))
         return {name: {k: statistics.median(v) for k, v in row.items()} for name, row in samples.items()}
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
 
 
 def main() -> None:

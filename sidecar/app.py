@@ -40,9 +40,10 @@ from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
-from sidecar.server.admin import Lifecycle, build_admin_app
+from sidecar.server.admin import build_admin_app
 from sidecar.server.connection import HeadDeadline, head_middleware, serve_guarded
 from sidecar.server.gateway import GatewayPage, current_load
+from sidecar.server.lifecycle import Lifecycle
 from sidecar.server.metrics import (
     AdmissionCollector,
     AdmissionMetrics,

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 from sidecar.flags import engine_kind
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings, Severity
+from sidecar.monitor.documents import budget_document
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
-from sidecar.server.admin import budget_document
 from sidecar.server.metrics import ScrapeMetrics
 
 EXIT_OK = 0

@@ -14,9 +14,7 @@ the monitor.
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -25,53 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from sidecar import __version__
 from sidecar.admission.controller import AdmissionController
-from sidecar.admission.pressure import StaleMode, Staleness
-from sidecar.budget.report import ledger_to_dict
+from sidecar.admission.pressure import StaleMode
+from sidecar.monitor.documents import budget_document, finite
 from sidecar.monitor.monitor import Monitor
+from sidecar.server.lifecycle import Lifecycle
 from sidecar.signals.kinds import EngineKind
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Admin paths that stay open with ``--admin-token``: kubelet probes send no credentials."""
-
-
-@dataclass(slots=True)
-class Lifecycle:
-    """Process-wide flags the admin endpoints report; owned by the application."""
-
-    draining: bool = False
-    staleness: Staleness = field(default_factory=Staleness)
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
-
-
-def budget_document(monitor: Monitor) -> dict[str, Any]:
-    """``GET /budget``: the prediction next to the engine's report, and the diagnoses."""
-    snapshot = monitor.engine.snapshot
-    config = snapshot.cache_config if snapshot else None
-    return {
-        "predicted": ledger_to_dict(monitor.ledger, []) if monitor.ledger else None,
-        "prediction_error": monitor.model_error or monitor.plan_error,
-        "model": {
-            "requested": monitor.inputs.model,
-            "resolved_from": monitor.model_source,
-            "error": monitor.model_error,
-        },
-        "engine": {
-            "kv_pool_tokens": config.pool_tokens if config else None,
-            "num_gpu_blocks": config.num_gpu_blocks if config else None,
-            "block_size": config.block_size if config else None,
-            "cache_dtype": config.cache_dtype if config else None,
-            "gpu_memory_utilization": config.gpu_memory_utilization if config else None,
-            "kv_cache_memory_bytes": config.kv_cache_memory_bytes if config else None,
-            "max_concurrency": monitor.comparison.engine_max_concurrency,
-            "max_model_len": monitor.engine.max_model_len,
-            "model": monitor.engine.served_model or (snapshot.model_name if snapshot else None),
-        },
-        "comparison": monitor.comparison.to_dict(),
-        "diagnoses": [d.to_dict() for d in monitor.diagnoses],
-    }
 
 
 def fallback_reason(monitor: Monitor) -> str:
@@ -127,7 +86,7 @@ def status_document(
         "draining": lifecycle.draining,
         "engine": {
             "up": bool(engine.up),
-            "metrics_age_seconds": _finite(engine.metrics_age(now)),
+            "metrics_age_seconds": finite(engine.metrics_age(now)),
             "last_error": engine.last_error,
             "consecutive_failures": engine.consecutive_failures,
             "kind": snapshot.kind.value if snapshot else None,

@@ -11,7 +11,9 @@ descriptors. (Bodies are bounded already: the proxy reads them within ``--body-t
 :class:`HeadDeadline` wraps the protocol aiohttp's server creates for each connection, passing
 every call through. A connection is *between requests* when it opens and whenever a handler has
 finished; the first bytes that arrive between requests start a timer of ``timeout`` seconds, and
-the request's handler starting (its head has been parsed) stops it. When the timer fires, the
+the head's end (its blank line, found across reads) stops it, as does the handler starting. The
+deadline is on the client's bytes, not on the server's work: a head that arrived in time is never
+cut because a loaded event loop was slow to start its handler. When the timer fires, the
 client gets ``408 Request Timeout`` with ``Connection: close`` and the connection is closed. An
 idle keep-alive connection (no bytes at all) starts no timer: closing those is aiohttp's keep-alive
 timeout's job. Bytes that arrive while a handler runs (a pipelined next request, a body) start no
@@ -66,6 +68,7 @@ class HeadDeadline(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._between_requests = True
+        self._tail = b""  # the last bytes of the head so far, to find its end across reads
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Register the connection and hand it to aiohttp."""
@@ -74,9 +77,15 @@ class HeadDeadline(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        """Start the head's clock on the first bytes between requests, then pass the bytes on."""
-        if self._between_requests and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+        """Start the head's clock on its first bytes, stop it at its blank line, then pass the bytes on."""
+        if self._between_requests:
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen or b"\n\n" in seen:  # the head is complete: the deadline is met
+                self.request_started()
+            else:
+                self._tail = seen[-3:]
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -99,8 +108,9 @@ class HeadDeadline(asyncio.Protocol):
         self._inner.resume_writing()
 
     def request_started(self) -> None:
-        """A head was parsed and its handler runs: the deadline is met."""
+        """The head is complete (its blank line arrived, or its handler runs): the deadline is met."""
         self._between_requests = False
+        self._tail = b""
         self._stop_timer()
 
     def request_finished(self) -> None:

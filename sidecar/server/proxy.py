@@ -30,9 +30,9 @@ from sidecar.admission.controller import AdmissionController, Ticket
 from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter
 from sidecar.errors import KvSidecarError
-from sidecar.server.admin import Lifecycle
 from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
 from sidecar.server.gateway import GatewayPage
+from sidecar.server.lifecycle import Lifecycle
 from sidecar.server.metrics import ProxyMetrics
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.settings import ClientLimits

@@ -28,14 +28,13 @@ nothing), and ``/status`` says which.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
 from sidecar.signals.kinds import EngineKind
 from sidecar.signals.scan import Sample, scan
-from sidecar.signals.vllm import CacheConfig, EngineSnapshot, EngineValues, parse_vllm_metrics
+from sidecar.signals.vllm import CacheConfig, EngineSnapshot, EngineValues, label_int, parse_vllm_metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,31 +153,21 @@ def detect(text: str) -> EngineKind | None:
     return None
 
 
-def _int(value: float | str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return int(number) if math.isfinite(number) else None
-
-
 def _cache_config(dialect: Dialect, samples: Iterable[Sample]) -> CacheConfig | None:
     block_size: int | None = None
     num_blocks: int | None = None
     pool_tokens: int | None = None
     for sample in samples:
         if dialect.pool_tokens is not None and dialect.pool_tokens.matches(sample):
-            pool_tokens = (pool_tokens or 0) + (_int(sample.value) or 0)
+            pool_tokens = (pool_tokens or 0) + (label_int(sample.value) or 0)
             continue
         if dialect.cache_info is not None and sample.name == dialect.cache_info[0]:
-            block_size = block_size or _int(sample.label(dialect.cache_info[1]) or None)
-            num_blocks = num_blocks or _int(sample.label(dialect.cache_info[2]) or None)
+            block_size = block_size or label_int(sample.label(dialect.cache_info[1]) or None)
+            num_blocks = num_blocks or label_int(sample.label(dialect.cache_info[2]) or None)
         elif dialect.block_size is not None and dialect.block_size.matches(sample):
-            block_size = block_size or _int(sample.value)
+            block_size = block_size or label_int(sample.value)
         elif dialect.num_blocks is not None and dialect.num_blocks.matches(sample):
-            num_blocks = (num_blocks or 0) + (_int(sample.value) or 0)  # summed over ranks
+            num_blocks = (num_blocks or 0) + (label_int(sample.value) or 0)  # summed over ranks
     if num_blocks is None and pool_tokens is not None:  # SGLang 0.5.6-0.5.8: tokens, in pages of one
         block_size, num_blocks = block_size or 1, pool_tokens // (block_size or 1)
     if block_size is None and num_blocks is None:

@@ -57,7 +57,8 @@ WANTED: Final = (
 """Every family the sidecar reads from a vLLM page."""
 
 
-def _label_int(value: str | None) -> int | None:
+def label_int(value: str | float | None) -> int | None:
+    """An integer from a label string or a sample value; ``None`` for none, "None", junk, NaN or infinity."""
     if value is None or value in {"", "None"}:
         return None
     try:
@@ -108,15 +109,15 @@ class CacheConfig:
     def from_labels(cls, labels: dict[str, str]) -> CacheConfig:
         """Decode the label strings of one ``cache_config_info`` sample."""
         return cls(
-            block_size=_label_int(labels.get("block_size")),
-            num_gpu_blocks=_label_int(labels.get("num_gpu_blocks")),
+            block_size=label_int(labels.get("block_size")),
+            num_gpu_blocks=label_int(labels.get("num_gpu_blocks")),
             cache_dtype=labels.get("cache_dtype") or None,
             gpu_memory_utilization=_label_float(labels.get("gpu_memory_utilization")),
             enable_prefix_caching=_label_bool(labels.get("enable_prefix_caching")),
-            kv_cache_size_tokens=_label_int(labels.get("kv_cache_size_tokens")),
+            kv_cache_size_tokens=label_int(labels.get("kv_cache_size_tokens")),
             kv_cache_max_concurrency=_label_float(labels.get("kv_cache_max_concurrency")),
-            kv_cache_memory_bytes=_label_int(labels.get("kv_cache_memory_bytes")),
-            num_gpu_blocks_override=_label_int(labels.get("num_gpu_blocks_override")),
+            kv_cache_memory_bytes=label_int(labels.get("kv_cache_memory_bytes")),
+            num_gpu_blocks_override=label_int(labels.get("num_gpu_blocks_override")),
         )
 
 

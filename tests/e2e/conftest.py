@@ -30,7 +30,14 @@ def vllm_server(
     vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     """vLLM with a 2,048-token pool (16 blocks of 128), max_model_len 1024, 4 sequences at most."""
-    server = VllmServer(vllm_env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "vllm.log")
+    yield from serve(vllm_env, tiny_model, tmp_path_factory, "vllm.log")
+
+
+def serve(
+    python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory, log: str
+) -> Iterator[VllmServer]:
+    """A started vLLM server (the fixtures' shape), stopped when the generator is closed."""
+    server = VllmServer(python, model, log_path=tmp_path_factory.mktemp("logs") / log)
     server.start()
     yield server
     server.stop()

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.app import SidecarApp
 from sidecar.server.gateway import KV_USAGE, QUEUED, RUNNING
+from tests.e2e.conftest import serve
 from tests.e2e.test_real_vllm import start
 from tests.harness.vllm import VllmServer
 
@@ -27,10 +28,7 @@ def second_server(
     vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     """Another vLLM like the session's (16 blocks of 128, 4 sequences), for a two-replica fleet."""
-    server = VllmServer(vllm_env, tiny_model, log_path=tmp_path_factory.mktemp("logs") / "vllm-b.log")
-    server.start()
-    yield server
-    server.stop()
+    yield from serve(vllm_env, tiny_model, tmp_path_factory, "vllm-b.log")
 
 
 async def gateway_view(session: aiohttp.ClientSession, app: SidecarApp) -> dict[str, float]:
