@@ -275,22 +275,28 @@ async def test_a_thousand_queued_clients_leave_at_once(fake_vllm: FakeVllm, side
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def one() -> None:
+        async def one() -> tuple[int, str | None]:
             async with session.post(
                 sidecar.proxy + "/v1/completions", json={"prompt": LONG, "max_tokens": 8}
             ) as r:
                 await r.read()
+                return r.status, r.headers.get("X-KV-Sidecar-Reason")
 
         tasks = [asyncio.create_task(one()) for _ in range(1000)]
+        queue = sidecar.app.controller.queues[_long()]
 
-        async def all_queued() -> bool:
-            return len(sidecar.app.controller.queues[_long()]) == 1000
+        async def all_placed() -> bool:
+            return len(queue) + sum(task.done() for task in tasks) == 1000
 
-        await eventually(all_queued, within=30)
+        # A thousand connections at once can hold up the sidecar's own scrape past --stale-after; under the
+        # (default) open stale policy such a moment admits as if calm, so a few may be answered instead of queued.
+        await eventually(all_placed, within=30)
+        answered = [task.result() for task in tasks if task.done()]
+        queued = len(queue)
+        assert queued >= 950, f"only {queued} of 1000 queued: {answered[:5]}"
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    queue = sidecar.app.controller.queues[_long()]
 
     async def emptied() -> bool:
         return len(queue) == 0
@@ -305,8 +311,9 @@ async def test_a_thousand_queued_clients_leave_at_once(fake_vllm: FakeVllm, side
             for s in family.samples:
                 if s.name.endswith("_total") and s.value:
                     totals[s.labels["outcome"]] = totals.get(s.labels["outcome"], 0) + s.value
-    assert totals == {"cancelled": 1000}
-    assert fake_vllm.state.generation_requests == 0
+    assert totals.get("cancelled") == queued  # every queued client's leaving is counted, once
+    assert sum(totals.values()) == 1000  # and every request ended exactly one way
+    assert fake_vllm.state.generation_requests == totals.get("admitted", 0)
     fake_vllm.state.set_kv_usage(0.1)
 
 
