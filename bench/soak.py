@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.proxy_overhead import stop_all
 from tests.harness.vllm import ROOT, free_port, wait_http
 
 RESULTS = Path(__file__).parent / "results"
@@ -227,13 +227,7 @@ async def soak(
             await asyncio.sleep(0.2)
         final_rss, final_fds = rss_bytes(sidecar.pid), open_fds(sidecar.pid)
     finally:
-        for process in reversed(processes):
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(list(reversed(processes)))  # the sidecar first: it drains before the engine goes
     warm = [s for s in samples if s[0] >= max(seconds / 4, min(WARMUP_SECONDS, seconds / 2))]
     baseline_rss = statistics.median(s[1] for s in warm[: max(1, len(warm) // 5)])
     baseline_fds = min(s[2] for s in warm)
