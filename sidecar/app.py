@@ -240,6 +240,7 @@ class SidecarApp:
             steps=snapshot.iterations_total if snapshot else None,
             waiting=snapshot.waiting if snapshot else None,
             running=snapshot.running if snapshot else None,
+            sampled_at=engine.sampled_at,
         )
 
     async def _serve(

@@ -30,10 +30,20 @@ can hold what every in-flight request will hold over the new request's lifetime,
   could peak: just before each in-flight request is certain to end, and at the end of the span.
   Others grow by one token per step, never past their expected peak. Only a request whose
   expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
-  most ``bound - progress + prefill steps`` steps, and only while the engine has no request waiting
-  (a waiting request does not progress); nobody else is assumed to release anything. So a short
-  request fits beside long ones far from their peaks, and a long one may start once the one before it
-  is far enough along to be gone before both would need their last blocks.
+  most ``bound - progress + prefill steps`` steps, provided it is running: a request waiting in vLLM's
+  queue does not progress. vLLM's queue is first come, first served (``Scheduler.schedule`` takes
+  ``self.waiting`` in arrival order; preempted requests, which this ledger exists to prevent, go back to
+  its front), so when the last scrape counted ``w`` requests waiting, the ``w`` newest holdings admitted
+  before that scrape may be among them, and the older ones are running; holdings admitted since the
+  scrape may be waiting too. Those are not taken to end; nobody else is assumed to release anything.
+  So a short request fits beside long ones far from their peaks, and a long one may start once the one
+  before it is far enough along to be gone before both would need their last blocks.
+* **When a holding was admitted.** Its admission step is bounded by the clock at admission: from below
+  by the count at the last scrape, from above by the extrapolated count (unknown while no rate has been
+  seen, as on a freshly started sidecar or engine). The first scrape *sent* after the admission gives a
+  count the engine reached after it, so it tightens the upper bound; without that, a request admitted
+  before any rate was seen could never be shown to end, and would be planned at its peak to its last
+  step.
 * **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
   a full prompt block whose tokens (and all before it) equal a block already held by a running
   request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented
@@ -135,7 +145,8 @@ class Holding:
 
     demand: Demand
     admitted_low: float | None  # the step count at the last scrape before admission
-    admitted_high: float | None  # the extrapolated step count at admission
+    admitted_high: float | None  # the extrapolated step count at admission (tightened by later scrapes)
+    admitted_at: float = 0.0  # the sidecar's clock at admission
     generated: int = 0  # tokens seen streaming back (per sequence), exact
 
     def progress_high(self, step_high: float | None) -> int | None:
@@ -174,13 +185,14 @@ class CapacityLedger:
     holdings: dict[int, Holding] = field(default_factory=dict)
     shared: Counter[int] = field(default_factory=Counter)
     unexplained: int = 0
-    releases_certain: bool = True  # False while the engine has requests waiting
+    engine_waiting: int = 0  # requests the last scrape saw waiting in the engine's queue
+    sampled_at: float = -math.inf  # when the last scrape's page was asked for
     _next_id: int = 0
 
-    def add(self, demand: Demand, steps: Steps) -> int:
-        """Hold ``demand`` from now; returns the holding's id."""
+    def add(self, demand: Demand, steps: Steps, now: float = 0.0) -> int:
+        """Hold ``demand`` from ``now``; returns the holding's id."""
         self._next_id += 1
-        self.holdings[self._next_id] = Holding(demand, steps.low, steps.high)
+        self.holdings[self._next_id] = Holding(demand, steps.low, steps.high, now)
         self.shared.update(demand.all_hashes)
         return self._next_id
 
@@ -209,8 +221,8 @@ class CapacityLedger:
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         return demand.private_blocks(0, math.inf, block_size) + new_shared
 
-    def fits(self, demand: Demand, pool: PoolView, steps: Steps) -> bool:
-        """Whether ``demand`` fits beside everyone over its lifetime.
+    def fits(self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0) -> bool:
+        """Whether ``demand`` fits beside everyone over its lifetime, leaving ``headroom`` blocks free.
 
         With nothing of the sidecar's in flight the answer is yes, whatever the gauge says: waiting for
         blocks held by others (clients bypassing the sidecar) could last forever, and vLLM queues a
@@ -221,15 +233,16 @@ class CapacityLedger:
         size = pool.block_size
         lifetime = demand.lifetime + size
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
-        base = len(self.shared) + new_shared + self.unexplained
+        base = len(self.shared) + new_shared + self.unexplained + headroom
         peaks = base + demand.private_blocks(0, math.inf, size)
         if (
             peaks + sum(self._private(h, steps, math.inf, size) for h in self.holdings.values())
             <= pool.blocks
         ):
             return True  # everyone at their peak at once fits: no need to look at when they end
+        running = self._surely_running()
         ends = {
-            key: holding.steps_left(steps.low) if self.releases_certain else math.inf
+            key: holding.steps_left(steps.low) if key in running else math.inf
             for key, holding in self.holdings.items()
         }
         points = sorted(t for t in ends.values() if t < lifetime)[:MAX_RELEASE_POINTS]
@@ -244,17 +257,40 @@ class CapacityLedger:
                 return False
         return True
 
+    def _surely_running(self) -> set[int]:
+        """Holdings that cannot be waiting in the engine's queue (see "The candidate's lifetime")."""
+        before = [key for key, h in self.holdings.items() if h.admitted_at < self.sampled_at]
+        return set(before[: max(0, len(before) - self.engine_waiting)])  # ids grow with admission
+
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
         return pool.blocks - self.projected(steps, math.inf, pool.block_size) - self.unexplained
 
-    def observe_usage(
-        self, used_blocks: float, steps: Steps, block_size: int, *, waiting: float | None
+    def observe_scrape(
+        self,
+        used_blocks: float | None,
+        steps: Steps,
+        block_size: int,
+        *,
+        waiting: float | None,
+        step_count: float | None = None,
+        sampled_at: float = -math.inf,
     ) -> None:
-        """A scrape saw ``used_blocks`` in use, ``waiting`` requests: keep what the ledger cannot explain."""
-        explained = self.projected(steps, 0, block_size)
-        self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))
-        self.releases_certain = not waiting
+        """A scrape asked for at ``sampled_at``: ``used_blocks`` used, ``waiting`` queued, at ``step_count``.
+
+        Admissions before it get their step bounded by its count; what the ledger cannot explain is kept.
+        """
+        if step_count is not None:
+            for holding in self.holdings.values():
+                if holding.admitted_at < sampled_at and (
+                    holding.admitted_high is None or holding.admitted_high > step_count
+                ):
+                    holding.admitted_high = step_count
+        self.sampled_at = sampled_at
+        self.engine_waiting = math.ceil(waiting or 0)
+        if used_blocks is not None:
+            explained = self.projected(steps, 0, block_size)
+            self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))
 
 
 def prompt_hashes(prompt_ids: Iterable[Sequence[int]] | None, pool: PoolView) -> tuple[tuple[int, ...], ...]:

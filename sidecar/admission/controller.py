@@ -54,9 +54,7 @@ from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.pressure import ConcurrencyCap, PressureDetector, PressureState, Staleness
 from sidecar.admission.queue import FairQueue, QueueEntry
 from sidecar.admission.recorder import AdmissionRecorder
-from sidecar.admission.retry import (
-    ServiceStats,
-)
+from sidecar.admission.retry import ServiceStats
 from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, token_reservation
 from sidecar.admission.waits import WaitAdvisor
 
@@ -148,7 +146,10 @@ class AdmissionController:
         now = self._clock()
         queue = self.queues[waiter.lane]
         policy = self.policy()
-        fits = policy is not AdmissionMode.CAPACITY or self.planner.fits(waiter.facts, waiter.hashes, now)
+        leave_short_room = waiter.lane is Lane.LONG and not self._long_head_has_waited(now)
+        fits = policy is not AdmissionMode.CAPACITY or self.planner.fits(
+            waiter.facts, waiter.hashes, now, leave_short_room=leave_short_room
+        )
         pool = self._pool()
         return AdmissionView(
             pressure=self.pressure_state(now) is PressureState.PRESSURE,
@@ -223,6 +224,8 @@ class AdmissionController:
             refusal=refusal.reason if refusal else None,
         )
         waiter = Waiter(facts, request, self.lane_of(facts), self._clock(), self.planner.hashes(facts))
+        if waiter.lane is Lane.SHORT and self.policy() is AdmissionMode.CAPACITY:
+            self.planner.saw_short(facts, waiter.hashes, waiter.enqueued_at)
         decision = decide(request, self._view(waiter), self.config)
         if decision.action is Action.ADMIT:
             return self._grant(waiter, 0.0)
@@ -305,10 +308,7 @@ class AdmissionController:
             if waiter.future.done():
                 queue.remove(entry)
                 continue
-            if (
-                decide(waiter.request, self._view(waiter, as_head=True), self.config).action
-                is not Action.ADMIT
-            ):
+            if decide(waiter.request, self._view(waiter, as_head=True), self.config).action != Action.ADMIT:
                 return True
             queue.take(entry)
             waited = self._clock() - waiter.enqueued_at
@@ -358,22 +358,23 @@ class AdmissionController:
         steps: float | None = None,
         waiting: float | None = None,
         running: float | None = None,
+        sampled_at: float | None = None,
     ) -> None:
-        """Feed a scrape: the detector, the step clock, the live gauge, the pressure cap; then dispatch."""
+        """Feed a scrape asked for at ``sampled_at`` (default ``now``): detector, clock, gauge, cap."""
         self._observed = True
         before = self.detector.state
         after = self.detector.observe(now, usage, stale=stale)
         if after is not before:
             self.metrics.transition(after)
-        self.planner.observe(now, usage, stale=stale, steps=steps, waiting=waiting, running=running)
+        self.planner.observe(
+            now, usage, stale=stale, steps=steps, waiting=waiting, running=running, sampled_at=sampled_at
+        )
         self._update_cap(now)
         self.dispatch()
 
     def _update_cap(self, now: float) -> None:
-        pressure = (
-            self.policy() is AdmissionMode.CAPACITY and self.pressure_state(now) is PressureState.PRESSURE
-        )
-        self.cap.update(now, pressure=pressure, inflight=self.total_inflight, detector=self.detector)
+        on = self.policy() is AdmissionMode.CAPACITY and self.pressure_state(now) is PressureState.PRESSURE
+        self.cap.update(now, pressure=on, inflight=self.total_inflight, detector=self.detector)
 
     @property
     def concurrency_cap(self) -> int | None:

@@ -34,6 +34,10 @@ it cannot cause a preemption, and the sidecar still chooses everything behind it
 """
 
 
+SHORT_HEADROOM_SECONDS = 1.0
+"""A long request leaves room for one short request when shorts were seen this recently."""
+
+
 class CapacityPlanner:
     """The ledger, the learned output lengths, the step clock, the release rate, the sequence limit."""
 
@@ -54,6 +58,7 @@ class CapacityPlanner:
         self.releases = ReleaseRate()
         self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
         self.inflight_sequences = 0
+        self.last_short: tuple[float, int] | None = None  # when a short request last came, and its blocks
 
     def known(self) -> bool:
         """Whether a pool and ``max_model_len`` are known (else ``capacity`` falls back to ``lanes``)."""
@@ -74,12 +79,27 @@ class CapacityPlanner:
         expected, bound = self.outputs.expected(facts, max_model_len)
         return Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
 
-    def fits(self, facts: RequestFacts, hashes: Hashes, now: float) -> bool:
-        """Whether the request fits beside everyone in flight over its lifetime."""
+    def fits(
+        self, facts: RequestFacts, hashes: Hashes, now: float, *, leave_short_room: bool = False
+    ) -> bool:
+        """Whether the request fits beside everyone in flight over its lifetime.
+
+        With ``leave_short_room`` (a long request, while no long one has waited its turn) it must also
+        leave the blocks of the last short request free when shorts came in the last
+        :data:`SHORT_HEADROOM_SECONDS`: two long requests may otherwise fill the pool between them
+        for their whole lives, and every short one would wait for a long one to end.
+        """
         demand, pool = self.demand(facts, hashes), self.pool()
         if demand is None or pool is None:
             return True
-        return self.ledger.fits(demand, pool, self.steps.bounds(now))
+        room, last = 0, self.last_short
+        if leave_short_room and last is not None and now - last[0] <= SHORT_HEADROOM_SECONDS:
+            room = last[1]
+        return self.ledger.fits(demand, pool, self.steps.bounds(now), headroom=room)
+
+    def saw_short(self, facts: RequestFacts, hashes: Hashes, now: float) -> None:
+        """A short-lane request arrived: long ones leave its blocks free for a while."""
+        self.last_short = (now, self.added_blocks(facts, hashes))
 
     def added_blocks(self, facts: RequestFacts, hashes: Hashes) -> int:
         """Blocks the request would add at its peak."""
@@ -120,7 +140,7 @@ class CapacityPlanner:
         """An admitted request: its sequences counted, and (``in_ledger``) its blocks held."""
         self.inflight_sequences += facts.sequences
         demand = self.demand(facts, hashes) if in_ledger else None
-        return None if demand is None else self.ledger.add(demand, self.steps.bounds(now))
+        return None if demand is None else self.ledger.add(demand, self.steps.bounds(now), now)
 
     def progress(self, holding: int | None, generated: int) -> None:
         """A streaming answer has reached ``generated`` tokens per sequence."""
@@ -157,15 +177,22 @@ class CapacityPlanner:
         steps: float | None,
         waiting: float | None,
         running: float | None,
+        sampled_at: float | None = None,
     ) -> None:
-        """A scrape: the step clock, the sequence limit, the live gauge."""
+        """A scrape (its page asked for at ``sampled_at``): the step clock, the sequence limit, the gauge."""
         self.steps.observe(now, steps, busy=bool(running))
         if waiting and running and not stale:
             self.engine_sequences = max(self.engine_sequences or 0, int(running))
         pool = self.pool()
-        if usage is not None and not stale and pool is not None:
-            bounds = self.steps.bounds(now)
-            self.ledger.observe_usage(usage * pool.blocks, bounds, pool.block_size, waiting=waiting)
+        if not stale and pool is not None:
+            self.ledger.observe_scrape(
+                None if usage is None else usage * pool.blocks,
+                self.steps.bounds(now),
+                pool.block_size,
+                waiting=waiting,
+                step_count=steps,
+                sampled_at=now if sampled_at is None else sampled_at,
+            )
 
     def engine_record(self, generation_lengths: tuple[tuple[float, float], ...]) -> None:
         """A scrape's view of the engine's output-length histogram: the prior before answers of our own."""

@@ -39,6 +39,7 @@ class EngineState:
     up: bool | None = None
     snapshot: EngineSnapshot | None = None
     last_success_at: float | None = None
+    sampled_at: float | None = None  # when the last good page was asked for (it shows the engine after it)
     last_error: str | None = None
     consecutive_failures: int = 0
     max_model_len: int | None = None
@@ -130,13 +131,14 @@ class Monitor:
                 self.gpu.peak_used_bytes.get(gpu.index, 0), gpu.used_bytes
             )
 
-    def record_success(self, snapshot: EngineSnapshot, now: float) -> None:
-        """A scrape succeeded at ``now``."""
+    def record_success(self, snapshot: EngineSnapshot, now: float, sampled_at: float | None = None) -> None:
+        """A scrape asked for at ``sampled_at`` (default ``now``) succeeded at ``now``."""
         if self.engine.up is not True:
             self._log.info("engine_up", model=snapshot.model_name, kv_usage_metric=snapshot.kv_usage_metric)
         self.engine.up = True
         self.engine.snapshot = snapshot
         self.engine.last_success_at = now
+        self.engine.sampled_at = now if sampled_at is None else sampled_at
         self.engine.last_error = None
         self.engine.consecutive_failures = 0
         self.history.add(observation(now, snapshot, self.gpu.gpus))

@@ -127,6 +127,7 @@ class EngineScraper:
             gpus = await self._nvml.read_async()
             self._monitor.record_gpus(gpus, self._nvml.available, self._nvml.unavailable_reason)
         started = time.perf_counter()
+        asked = self._clock()
         try:
             page = await self._fetch_page()
             if self._found_elsewhere(page):
@@ -147,7 +148,7 @@ class EngineScraper:
         self.last_page = page
         if not self._models_fetched:
             await self._fetch_max_model_len()
-        self._monitor.record_success(snapshot, self._clock())
+        self._monitor.record_success(snapshot, self._clock(), sampled_at=asked)
         return True
 
     def next_delay(self) -> float:

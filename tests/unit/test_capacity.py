@@ -109,13 +109,47 @@ def test_a_short_request_fits_beside_long_ones_far_from_their_peaks() -> None:
 def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -> None:
     ledger = CapacityLedger()
     ledger.add(demand(600, 400), Steps(low=0, high=0))  # ignore_eos-like: ends after 400 + prefill steps
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, sampled_at=1.0)  # a scrape after: it is running
     candidate = demand(600, 400)
     # the first is certain to end within 400 - progress + 5 steps; the candidate (5 blocks at once, one more
     # per 128 steps) must stay within 7 blocks until then: 600 + (405 - p) <= 896 -> p >= 109
     assert not ledger.fits(candidate, POOL, Steps(low=100, high=100))
     assert ledger.fits(candidate, POOL, Steps(low=110, high=110))
-    ledger.releases_certain = False  # the engine has requests waiting: nobody is certain to progress
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=2.0)  # it may be the one waiting
     assert not ledger.fits(candidate, POOL, Steps(low=110, high=110))
+
+
+def test_only_the_newest_holdings_may_be_the_ones_waiting() -> None:
+    """vLLM's queue is first come, first served: with one request waiting, the older ones are running."""
+    long, short, candidate = demand(600, 400), demand(24, 16), demand(600, 400)
+    at = Steps(low=240, high=240)  # the long one 240 steps along: ends within 165; candidate 6 blocks by then
+    older = CapacityLedger()
+    older.add(long, Steps(low=0, high=0), now=0.0)
+    older.add(short, Steps(low=0, high=0), now=0.5)  # staged behind it: the one waiting in vLLM
+    older.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=1.0)
+    assert older.fits(candidate, POOL, at)  # 8 + 1 + 6 until the long one ends
+    newer = CapacityLedger()
+    newer.add(short, Steps(low=0, high=0), now=0.0)
+    newer.add(long, Steps(low=0, high=0), now=0.5)  # the newest: it may be the one waiting
+    newer.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=1.0)
+    assert not newer.fits(candidate, POOL, at)
+    older.add(short, at, now=1.5)  # admitted since the scrape: may be waiting, never taken to end
+    assert not older.fits(candidate, POOL, at)  # 8 + 1 + 1 + 6
+
+
+def test_a_request_admitted_before_any_rate_is_bounded_by_the_next_scrape() -> None:
+    """The first request of a fresh sidecar (no step rate seen yet) must still be shown to end."""
+    ledger = CapacityLedger()
+    ledger.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)  # no rate: upper bound unknown
+    candidate = demand(600, 400)
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.01)
+    assert not ledger.fits(candidate, POOL, Steps(low=1000, high=1000))  # just started
+    assert ledger.fits(candidate, POOL, Steps(low=1120, high=1120))  # 120 steps along: it ends in time
+    late = CapacityLedger()
+    late.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)
+    late.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=-0.01)  # asked before
+    late.sampled_at = 1.0  # a later scrape without a step count
+    assert not late.fits(candidate, POOL, Steps(low=1120, high=1120))  # its admission step is still unknown
 
 
 def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
@@ -132,12 +166,12 @@ def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
 def test_the_gauge_adds_what_the_ledger_cannot_explain() -> None:
     ledger = CapacityLedger()
     ledger.add(demand(100, 28, bound=500), UNKNOWN)  # 1 block, not certain to end
-    ledger.observe_usage(0.6 * 15, UNKNOWN, 128, waiting=0)  # 9 blocks in use: 8 unexplained
+    ledger.observe_scrape(0.6 * 15, UNKNOWN, 128, waiting=0)  # 9 blocks in use: 8 unexplained
     assert ledger.unexplained == 8
     assert ledger.fits(demand(600, 100), POOL, UNKNOWN)  # 1 + 8 + 6 = 15
     assert not ledger.fits(demand(700, 100), POOL, UNKNOWN)  # 1 + 8 + 7
-    ledger.observe_usage(0.0, UNKNOWN, 128, waiting=3)
-    assert (ledger.unexplained, ledger.releases_certain) == (0, False)
+    ledger.observe_scrape(0.0, UNKNOWN, 128, waiting=3)
+    assert (ledger.unexplained, ledger.engine_waiting) == (0, 3)
 
 
 def test_free_blocks() -> None:
