@@ -143,9 +143,7 @@ class SidecarApp:
         self.proxy: Proxy | None = None
         if options.proxy:
             self.proxy = Proxy(
-                ProxySettings(
-                    upstream=options.upstream, queue_timeout=options.queue.timeout, limits=options.limits
-                ),
+                ProxySettings(upstream=options.upstream, limits=options.limits),
                 self.controller,
                 counter or load_counter(options.tokenizer_model),
                 ProxyMetrics(self.registry),

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from sidecar.admission.decide import ON_PRESSURE, AdmissionConfig, AdmissionMode
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode, OnPressure
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureSettings, Staleness
 from sidecar.admission.tickets import QueueSettings
@@ -316,9 +316,9 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--on-pressure",
-        type=choice(*ON_PRESSURE),
-        default=default_of(admission, "on_pressure"),
-        help="long prompts under pressure: " + ", ".join(ON_PRESSURE) + " (default %(default)s)",
+        type=choice(*OnPressure),
+        default=default_of(admission, "on_pressure").value,
+        help="long prompts under pressure: " + ", ".join(OnPressure) + " (default %(default)s)",
     )
     add(
         "--admission",

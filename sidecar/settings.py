@@ -56,7 +56,7 @@ class ClientLimits:
 class ScrapeSettings:
     """Interval, timeout and backoff of the scraper."""
 
-    interval: float = 0.1  # fresh step counts make capacity admission tighter; vLLM renders its page in ~ms
+    interval: float = 0.25  # each page costs vLLM ~15 ms of its API process: see the README (Design)
     timeout: float = 2.0
     max_backoff: float = 5.0
     engine: EngineKind | None = None  # None: whichever engine the page shows (vLLM when none)

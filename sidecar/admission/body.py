@@ -87,7 +87,7 @@ def coerce_bool(value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """Everything admission decides on, read from one generation request's body in one pass."""
+    """Everything admission decides on, read from one generation request (body and headers) in one pass."""
 
     prompts: tuple[int, ...]  # tokens of each prompt (a batch has several)
     max_output_tokens: int | None  # the client's bound per sequence; None: up to the context length
@@ -96,7 +96,9 @@ class RequestFacts:
     min_output_tokens: int = 0
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
-    priority: int | None = None
+    priority: int | None = None  # the priority header, else the body's ``priority``; None: 0
+    tenant: str = ""  # who sent it (the tenant header, else the client address): tenants take turns
+    wait_limit: float | None = None  # the client's queue-timeout header; None: the configured limit
     model: str = ""
     route: str = ""
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known

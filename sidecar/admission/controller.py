@@ -214,8 +214,9 @@ class AdmissionController:
         """The lane ``facts`` travels in."""
         return lane_of(facts.prompt_tokens, self.config, self._max_model_len())
 
-    async def admit(self, facts: RequestFacts, *, tenant: str, priority: int, wait_limit: float) -> Ticket:
+    async def admit(self, facts: RequestFacts) -> Ticket:
         """Admit now, or after waiting; raises :class:`RefusedError` or :class:`DroppedError`."""
+        wait_limit = self.queue_settings.wait_limit(facts.wait_limit)
         max_model_len = self._max_model_len()
         refusal = engine_refusal(facts, max_model_len)
         request = AdmissionRequest(
@@ -238,13 +239,11 @@ class AdmissionController:
                 reason_message(decision.reason),
                 retry_after=self.waits.retry_for(decision.reason, waiter),
             )
-        if (
-            self.policy() is AdmissionMode.CAPACITY
-            and (shed := self.waits.shed(waiter, wait_limit)) is not None
-        ):
+        shed = self.waits.shed(waiter, wait_limit) if self.policy() is AdmissionMode.CAPACITY else None
+        if shed is not None:
             self.count(Outcome.REFUSED, shed.reason, waiter.lane)
             raise shed
-        return await self._wait(waiter, tenant, priority, wait_limit)
+        return await self._wait(waiter, facts.tenant, facts.priority or 0, wait_limit)
 
     async def _wait(self, waiter: Waiter, tenant: str, priority: int, wait_limit: float) -> Ticket:
         entry = QueueEntry(

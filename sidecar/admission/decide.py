@@ -60,8 +60,11 @@ class Action(StrEnum):
     REFUSE = "refuse"
 
 
-ON_PRESSURE = ("queue", "reject")
-"""What the lanes policy does with a long prompt under pressure."""
+class OnPressure(StrEnum):
+    """What the lanes policy does with a long prompt under pressure (``--on-pressure``)."""
+
+    QUEUE = "queue"
+    REJECT = "reject"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +73,15 @@ class AdmissionConfig:
 
     long_prompt_tokens: int | None = None  # None: half of max_model_len, else 16384
     long_lane_concurrency: int = 1
-    on_pressure: str = "queue"  # or "reject"
+    on_pressure: OnPressure = OnPressure.QUEUE
     mode: AdmissionMode = AdmissionMode.CAPACITY
     long_wait_priority: float = 10.0  # seconds a long head waits before shorts stop overtaking it
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", AdmissionMode(self.mode))
-        if self.on_pressure not in ON_PRESSURE:
-            raise ValueError("on_pressure must be 'queue' or 'reject'")
+        object.__setattr__(self, "mode", AdmissionMode(self.mode))  # a plain string is read as its member
+        if self.on_pressure not in set(OnPressure):
+            raise ValueError("on_pressure must be one of: " + ", ".join(OnPressure))
+        object.__setattr__(self, "on_pressure", OnPressure(self.on_pressure))
         if self.long_lane_concurrency < 1:
             raise ValueError("the long lane needs a concurrency of at least 1")
 
@@ -160,7 +164,7 @@ def decide(request: AdmissionRequest, view: AdmissionView, config: AdmissionConf
         else Decision(Action.REFUSE, lane, Reason.QUEUE_FULL)
     )
     if view.pressure and lane is Lane.LONG:
-        if config.on_pressure == "reject":
+        if config.on_pressure is OnPressure.REJECT:
             return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
         return queue
     if view.queued_in_lane > 0 or view.yield_to_long or _policy_says_wait(request, view, config, lane):

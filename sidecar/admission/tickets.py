@@ -18,6 +18,10 @@ class QueueSettings:
     max_tokens: int = 4_000_000
     timeout: float = 30.0
 
+    def wait_limit(self, asked: float | None) -> float:
+        """How long a request may wait: the client's own limit (``asked``) when it is shorter."""
+        return self.timeout if asked is None else min(self.timeout, max(0.0, asked))
+
 
 @dataclass(slots=True)
 class Ticket:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 from aiohttp import web
@@ -50,10 +50,9 @@ from this size on are counted in a worker thread, so the event loop never waits 
 
 @dataclass(frozen=True, slots=True)
 class ProxySettings:
-    """Where to forward, what clients may send, and the queue's wait limit (clients may lower it)."""
+    """Where to forward and what clients may send."""
 
     upstream: str
-    queue_timeout: float
     limits: ClientLimits = field(default_factory=ClientLimits)
 
 
@@ -181,12 +180,11 @@ class Proxy:
                 chunks.append(chunk)
         return b"".join(chunks)
 
-    def _wait_limit(self, request: web.Request) -> float:
-        limit = self.settings.queue_timeout
+    def _wait_limit(self, request: web.Request) -> float | None:
         if raw := request.headers.get(self.settings.limits.queue_timeout_header):
             with contextlib.suppress(KvSidecarError):  # an unreadable header keeps the configured limit
-                limit = min(limit, max(0.0, parse_duration(raw)))
-        return limit
+                return max(0.0, parse_duration(raw))
+        return None
 
     def _priority(self, request: web.Request, body_priority: int | None) -> int:
         raw = request.headers.get(self.settings.limits.priority_header)
@@ -225,19 +223,13 @@ class Proxy:
             lane_label = "other"
             if generation:
                 try:
-                    facts = await self._facts(request.path, body)
-                    priority = self._priority(request, facts.priority)
+                    facts = await self._facts(request, body)
                 except RefusedError as error:
                     account.record(Outcome.REFUSED, error.reason)
                     return error_response(error)
                 account.lane = self.controller.lane_of(facts)  # a request cancelled while queued counts here
                 try:
-                    ticket = await self.controller.admit(
-                        facts,
-                        tenant=tenant_of(request, self.settings.limits.tenant_header),
-                        priority=priority,
-                        wait_limit=self._wait_limit(request),
-                    )
+                    ticket = await self.controller.admit(facts)
                 except AdmissionError as error:
                     account.done = True  # the controller counted its own refusal or drop
                     self.log.info(
@@ -255,12 +247,23 @@ class Proxy:
             if ticket is not None:
                 self.controller.release(ticket)
 
-    async def _facts(self, path: str, body: bytes) -> RequestFacts:
-        """Decode and count; large bodies go to a worker thread so the event loop never waits on them."""
+    async def _facts(self, request: web.Request, body: bytes) -> RequestFacts:
+        """Everything admission needs, in one value: the body, then the tenant, priority and wait limit.
+
+        Large bodies are decoded and counted in a worker thread, so the event loop never waits on them.
+        """
+        path = request.path
         threshold = OFFLOAD_EXACT_BODY_BYTES if self.counter.exact else OFFLOAD_BODY_BYTES
         if len(body) < threshold:
-            return request_facts(path, decode_json_body(body), self.counter)
-        return await asyncio.to_thread(lambda: request_facts(path, decode_json_body(body), self.counter))
+            facts = request_facts(path, decode_json_body(body), self.counter)
+        else:
+            facts = await asyncio.to_thread(lambda: request_facts(path, decode_json_body(body), self.counter))
+        return replace(
+            facts,
+            tenant=tenant_of(request, self.settings.limits.tenant_header),
+            priority=self._priority(request, facts.priority),
+            wait_limit=self._wait_limit(request),
+        )
 
     async def _forward_whole(
         self, request: web.Request, upstream: aiohttp.ClientResponse, ticket: Ticket | None, *, lane: str,

@@ -12,6 +12,7 @@ from sidecar.admission.decide import (
     AdmissionMode,
     AdmissionRequest,
     AdmissionView,
+    OnPressure,
     decide,
     lane_of,
 )
@@ -300,3 +301,10 @@ def test_reject_mode_refuses_under_pressure_even_with_a_queue() -> None:
         req(20000), view(pressure=True, queued_in_lane=3), AdmissionConfig(on_pressure="reject")
     )
     assert (decision.action, decision.reason) == (Action.REFUSE, Reason.KV_PRESSURE)
+
+
+def test_the_pressure_action_is_an_enum_read_from_its_flag_value() -> None:
+    assert AdmissionConfig(on_pressure="reject").on_pressure is OnPressure.REJECT  # type: ignore[arg-type]
+    assert AdmissionConfig().on_pressure is OnPressure.QUEUE
+    with pytest.raises(ValueError, match="queue, reject"):
+        AdmissionConfig(on_pressure="drop")  # type: ignore[arg-type]

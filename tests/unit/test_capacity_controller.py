@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -64,7 +64,7 @@ def req(prompt: int, output: int, **extra: object) -> RequestFacts:
 
 
 async def admit(controller: AdmissionController, facts: RequestFacts, wait: float = 5.0) -> Ticket:
-    return await controller.admit(facts, tenant="t", priority=0, wait_limit=wait)
+    return await controller.admit(replace(facts, tenant=facts.tenant or "t", wait_limit=wait))
 
 
 LONG = req(600, 400, ignore_eos=True)  # 8 blocks at its peak

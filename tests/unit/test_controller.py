@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -45,7 +46,7 @@ def count(registry: CollectorRegistry, outcome: str, reason: str, lane: str) -> 
 
 
 async def admit(controller: AdmissionController, facts: RequestFacts, wait: float = 5.0):  # type: ignore[no-untyped-def]
-    return await controller.admit(facts, tenant="t", priority=0, wait_limit=wait)
+    return await controller.admit(replace(facts, tenant=facts.tenant or "t", wait_limit=wait))
 
 
 async def test_long_lane_waits_for_release() -> None:
