@@ -1,0 +1,106 @@
+"""Sidecar settings side by side on one traffic shape: straight to vLLM and through each variant, same draws.
+
+Run: ``.venv/bin/python -m bench.admission_ab --shape mid-size --rounds 4 --variant 100ms=--scrape-interval=100ms
+--variant 250ms=--scrape-interval=250ms``. Every round draws one plan of the shape (sizes, kinds, arrival times)
+and sends it straight to vLLM and through a fresh ``kv-sidecar run`` per variant, in an order that alternates
+between rounds; before each run vLLM's prefix cache is reset and the prompts are fresh token ids, so no run rides
+on blocks an earlier one left cached. A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
+``name=`` alone is the defaults). Prints each run and the medians (makespan, short p95, preemptions, lost); the
+engine is the admission suite's (started here unless ``--engine-url`` is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from tests.harness.admission_suite import SHAPES, plan, reset_prefix_cache, run_once, through_sidecar
+from tests.harness.spike import wait_idle
+from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
+
+STRAIGHT = "straight"
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``name=ARG,ARG`` -> (name, args)."""
+    name, _, args = text.partition("=")
+    if not name or name == STRAIGHT:
+        raise argparse.ArgumentTypeError(f"a variant needs a name other than {STRAIGHT!r}: {text!r}")
+    return name, [a for a in args.split(",") if a]
+
+
+async def compare(
+    engine: str, model: Path, shape_name: str, rounds: int, variants: dict[str, list[str]], workdir: Path
+) -> dict[str, list[dict[str, float]]]:
+    """Every round: the same draw straight and through each variant; per target, each run's figures."""
+    shape = SHAPES[shape_name]
+    targets = [STRAIGHT, *variants]
+    runs: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+    index = 0
+    for round_ in range(rounds):
+        planned = plan(shape, f"ab-{shape_name}-{round_}")
+        for target in targets if round_ % 2 == 0 else list(reversed(targets)):
+            await wait_idle(engine)
+            await reset_prefix_cache(engine)
+            index += 1
+            if target == STRAIGHT:
+                summary = await run_once(engine, engine, shape, planned, 9000 + index)
+            else:
+                log = workdir / f"{target}-{index}.log"
+                summary = await through_sidecar(
+                    engine, model, variants[target], log, shape, planned, 9000 + index
+                )
+            figures = {k: summary[k] for k in ("makespan", "short_p95", "preemptions", "lost")}
+            runs[target].append(figures)
+            print(
+                f"  round {round_ + 1} {target:<12} " + "  ".join(f"{k} {v}" for k, v in figures.items()),
+                flush=True,
+            )
+    return runs
+
+
+def main() -> None:
+    """The CLI (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--variant", type=parse_variant, action="append", required=True)
+    parser.add_argument("--engine-url", help="a running vLLM started with the harness's settings")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=4, help="told to every sidecar (the harness starts 4)"
+    )
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kv-sidecar-ab-"))
+    python = vllm_python()
+    model = make_tiny_model(python, workdir / "tiny-model")
+    variants = {name: ["--max-num-seqs", str(args.max_num_seqs), *extra] for name, extra in args.variant}
+    server = None
+    if args.engine_url is None:
+        os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # serves POST /reset_prefix_cache
+        server = VllmServer(python, model, log_path=workdir / "vllm.log")
+        server.start()
+    try:
+        runs = asyncio.run(compare(server.url if server else args.engine_url, model, args.shape, args.rounds,
+                                   variants, workdir))  # fmt: skip
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"\n{args.shape}, medians of {args.rounds} rounds (sidecar logs in {workdir})")
+    straight = statistics.median(r["makespan"] for r in runs[STRAIGHT])
+    for target, target_runs in runs.items():
+        makespan = statistics.median(r["makespan"] for r in target_runs)
+        p95 = statistics.median(r["short_p95"] for r in target_runs if r["short_p95"] is not None)
+        preemptions = statistics.median(r["preemptions"] for r in target_runs)
+        lost = sum(r["lost"] for r in target_runs)
+        print(f"  {target:<12} makespan {makespan:6.2f} s ({makespan / straight:.2f}x)  short p95 {p95:5.2f} s"
+              f"  preemptions {preemptions:g}  lost {lost:g}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
