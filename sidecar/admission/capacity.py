@@ -22,9 +22,11 @@ can hold what every in-flight request will hold over the new request's lifetime,
   step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
   both sides: from above by the steps since the last scrape before it was admitted, with the clock
   extrapolated at the highest rate seen (it looks at least as big as it is); from below by the steps
-  counted at scrapes since its admission could at the latest have happened, less its prefill steps
-  (it ends no later than that says). A stream's counted tokens are exact progress. Without a step
-  clock a request is taken to be at its expected peak.
+  counted at scrapes since its admission could at the latest have happened, less its prefill steps and
+  :data:`ENTRY_STEPS` (it ends no later than that says). The lower bound is the count a scrape read, never
+  extrapolated: a step can take any time (a long prefill, a busy host), so no rate bounds it from below.
+  A stream's counted tokens are exact progress. Without a step clock a request is taken to be at its
+  expected peak.
 * **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps (plus
   ``block_size`` for safety). Over that span the ledger evaluates the pool at every point where it
   could peak: just before each in-flight request is certain to end, and at the end of the span.
@@ -68,6 +70,11 @@ from dataclasses import dataclass, field
 
 PREFILL_TOKENS_PER_STEP = 256
 """A conservative prefill chunk: a prompt of ``p`` tokens is taken to need ``p / 256`` steps."""
+ENTRY_STEPS = 8
+"""Steps the engine may take between a request's admission and its arrival in vLLM's scheduler.
+
+The HTTP hop, the API server's processing and the hand-off to the engine core take tens of milliseconds
+on a busy host, while the step counter runs on for others: a request is taken to end this much later."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
 
@@ -166,7 +173,7 @@ class Holding:
         demand = self.demand
         if demand.expected_output < demand.output_bound:
             return math.inf
-        prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + 2
+        prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + ENTRY_STEPS
         return max(0, demand.output_bound - self.progress_low(step_low)) + prefill
 
 

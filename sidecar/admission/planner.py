@@ -180,7 +180,7 @@ class CapacityPlanner:
         sampled_at: float | None = None,
     ) -> None:
         """A scrape (its page asked for at ``sampled_at``): the step clock, the sequence limit, the gauge."""
-        self.steps.observe(now, steps, busy=bool(running))
+        self.steps.observe(now, steps)
         if waiting and running and not stale:
             self.engine_sequences = max(self.engine_sequences or 0, int(running))
         pool = self.pool()

@@ -4,10 +4,10 @@
   observed once per step; its ``_count``). Each scrape gives the true count. Between scrapes the
   *upper* bound runs on at the highest step rate seen since the engine started (x 1.1), so it never
   lags what the engine has done (lagging would make in-flight requests look younger, and smaller,
-  than they are); the *lower* bound runs on at the slowest rate seen while the engine was busy
-  (x 0.9), and only while it was busy at the last scrape, so a request is never taken to be further
-  along (closer to its end) than it is. A counter that goes down is an engine restart: the clock
-  starts over.
+  than they are); the *lower* bound is the count the last scrape read, not extrapolated: a step can
+  take any time (a long prefill, a host busy with other work; measured here, a 250 ms window's rate
+  was no bound for the next), so a request is never taken to be further along (closer to its end)
+  than it is. A counter that goes down is an engine restart: the clock starts over.
 * :class:`ReleaseRate`: blocks given back by finished requests per second over the last
   ``window`` seconds: how fast the queue can drain, the basis of ``Retry-After``.
 """
@@ -21,9 +21,6 @@ from sidecar.admission.capacity import Steps
 
 RATE_MARGIN = 1.1
 """The upper bound runs this much faster than the fastest rate seen (an over-estimate is safe)."""
-SLOW_MARGIN = 0.9
-"""The lower bound runs this much slower than the slowest busy rate seen."""
-BUSY_RATES_KEPT = 64
 RELEASE_WINDOW_SECONDS = 30.0
 
 
@@ -31,38 +28,29 @@ RELEASE_WINDOW_SECONDS = 30.0
 class StepClock:
     """The engine's step count, extrapolated between scrapes (see the module docstring)."""
 
-    _last: tuple[float, float, bool] | None = None  # (time, steps, busy) of the last scrape
+    _last: tuple[float, float] | None = None  # (time, steps) of the last scrape
     max_rate: float = 0.0  # steps per second
-    _busy_rates: deque[float] = field(default_factory=lambda: deque(maxlen=BUSY_RATES_KEPT))
 
-    def observe(self, now: float, steps: float | None, *, busy: bool = False) -> None:
-        """A scrape at ``now`` read ``steps`` (``busy``: the engine was running requests)."""
+    def observe(self, now: float, steps: float | None) -> None:
+        """A scrape at ``now`` read ``steps``."""
         if steps is None:
             return
         if self._last is not None:
-            then, before, was_busy = self._last
+            then, before = self._last
             if steps < before:  # the engine restarted
                 self.max_rate = 0.0
-                self._busy_rates.clear()
             elif now > then:
-                rate = (steps - before) / (now - then)
-                self.max_rate = max(self.max_rate, rate)
-                if was_busy and busy:
-                    self._busy_rates.append(rate)
-        self._last = (now, steps, busy)
+                self.max_rate = max(self.max_rate, (steps - before) / (now - then))
+        self._last = (now, steps)
 
     def bounds(self, now: float) -> Steps:
         """The step count at ``now``, from below and from above (see the module docstring)."""
         if self._last is None:
             return Steps()
-        then, steps, busy = self._last
-        elapsed = max(0.0, now - then)
-        low = steps
-        if busy and self._busy_rates:
-            low += elapsed * min(self._busy_rates) * SLOW_MARGIN
+        then, steps = self._last
         if self.max_rate <= 0.0:
-            return Steps(low=low)
-        return Steps(low=low, high=steps + elapsed * self.max_rate * RATE_MARGIN)
+            return Steps(low=steps)
+        return Steps(low=steps, high=steps + max(0.0, now - then) * self.max_rate * RATE_MARGIN)
 
 
 @dataclass(slots=True)

@@ -46,9 +46,19 @@ class EngineState:
     served_model: str | None = None
     version: str | None = None  # what GET /version says
 
+    own_delay: float = 0.0  # seconds the sidecar itself asked late since the last good page
+
     def metrics_age(self, now: float) -> float | None:
-        """Seconds since the last successful scrape (``None`` before the first)."""
-        return None if self.last_success_at is None else max(0.0, now - self.last_success_at)
+        """Seconds since the last successful scrape, less the sidecar's own lateness in asking for the next.
+
+        ``None`` before the first. A sidecar whose event loop is busy (a burst of a thousand connections)
+        asks for the next page late; that delay is its own, not the engine's, so it does not make the
+        engine's metrics stale (and the stale policy, meant for an engine that stops answering, does
+        not take over): only the time the engine took to answer, or did not, counts.
+        """
+        if self.last_success_at is None:
+            return None
+        return max(0.0, now - self.last_success_at - self.own_delay)
 
 
 @dataclass(slots=True)
@@ -138,6 +148,7 @@ class Monitor:
         self.engine.up = True
         self.engine.snapshot = snapshot
         self.engine.last_success_at = now
+        self.engine.own_delay = 0.0
         self.engine.sampled_at = now if sampled_at is None else sampled_at
         self.engine.last_error = None
         self.engine.consecutive_failures = 0

@@ -74,6 +74,7 @@ class EngineScraper:
         self._models_fetched = False
         self._on_round = on_round
         self._metrics_url = settings.metrics_url or f"{self._base}{settings.metrics_path()}"
+        self._due: float | None = None  # when the next round should ask (set after each round)
         self.last_page = b""
         """The last page that scanned cleanly, as the engine sent it (served again to gateways)."""
 
@@ -128,6 +129,8 @@ class EngineScraper:
             self._monitor.record_gpus(gpus, self._nvml.available, self._nvml.unavailable_reason)
         started = time.perf_counter()
         asked = self._clock()
+        if self._due is not None:  # asked late because the sidecar was busy: its own delay, not the engine's
+            self._monitor.engine.own_delay += max(0.0, asked - self._due)
         try:
             page = await self._fetch_page()
             if self._found_elsewhere(page):
@@ -159,13 +162,23 @@ class EngineScraper:
         backoff: float = self._settings.interval * 2.0**failures
         return min(backoff, max(self._settings.max_backoff, self._settings.interval))
 
+    def schedule_next(self) -> float:
+        """The delay before the next round (:meth:`next_delay`), noting when that round is due.
+
+        A round that asks later than it was due was held up by the sidecar's own event loop; that lateness
+        is not counted in the engine's metrics age (:meth:`EngineState.metrics_age`).
+        """
+        delay = self.next_delay()
+        self._due = self._clock() + delay
+        return delay
+
     async def run(self) -> None:
         """Scrape forever (until cancelled)."""
         while True:
             await self.scrape_once()
             if self._on_round is not None:
                 self._on_round()
-            await asyncio.sleep(self.next_delay())
+            await asyncio.sleep(self.schedule_next())
 
     async def supervise(self, log: FilteringBoundLogger) -> None:
         """:meth:`run`, started again (after the interval, counted, logged) whenever it dies of a bug.

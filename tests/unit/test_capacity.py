@@ -111,18 +111,18 @@ def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -
     ledger.add(demand(600, 400), Steps(low=0, high=0))  # ignore_eos-like: ends after 400 + prefill steps
     ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, sampled_at=1.0)  # a scrape after: it is running
     candidate = demand(600, 400)
-    # the first is certain to end within 400 - progress + 5 steps; the candidate (5 blocks at once, one more
-    # per 128 steps) must stay within 7 blocks until then: 600 + (405 - p) <= 896 -> p >= 109
-    assert not ledger.fits(candidate, POOL, Steps(low=100, high=100))
-    assert ledger.fits(candidate, POOL, Steps(low=110, high=110))
+    # the first is certain to end within 400 - progress + 3 prefill + 8 entry steps; the candidate (5 blocks
+    # at once, one more per 128 steps) must stay within 7 blocks until then: 600 + (411 - p) <= 896 -> p >= 115
+    assert not ledger.fits(candidate, POOL, Steps(low=114, high=114))
+    assert ledger.fits(candidate, POOL, Steps(low=115, high=115))
     ledger.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=2.0)  # it may be the one waiting
-    assert not ledger.fits(candidate, POOL, Steps(low=110, high=110))
+    assert not ledger.fits(candidate, POOL, Steps(low=115, high=115))
 
 
 def test_only_the_newest_holdings_may_be_the_ones_waiting() -> None:
     """vLLM's queue is first come, first served: with one request waiting, the older ones are running."""
     long, short, candidate = demand(600, 400), demand(24, 16), demand(600, 400)
-    at = Steps(low=240, high=240)  # the long one 240 steps along: ends within 165; candidate 6 blocks by then
+    at = Steps(low=250, high=250)  # the long one 250 steps along: ends within 161; candidate 6 blocks by then
     older = CapacityLedger()
     older.add(long, Steps(low=0, high=0), now=0.0)
     older.add(short, Steps(low=0, high=0), now=0.5)  # staged behind it: the one waiting in vLLM
