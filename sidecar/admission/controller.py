@@ -285,8 +285,8 @@ class AdmissionController:
         """The entry to try next: the head, or under ``capacity`` the most urgent of the next few."""
         if self.policy() is not AdmissionMode.CAPACITY:
             return queue.peek()
-        waited: Callable[[QueueEntry[Waiter]], float] = lambda e: now - e.payload.enqueued_at  # noqa: E731
-        return pick_next(queue.next_tenant_entries(), lambda e: self.urgency(e.payload, now), waited)
+        size: Callable[[QueueEntry[Waiter]], int] = lambda e: self.planner.expected_tokens(e.payload.facts)  # noqa: E731
+        return pick_next(queue.next_tenant_entries(), size, lambda e: now - e.payload.enqueued_at)
 
     def urgency(self, waiter: Waiter, now: float) -> float:
         """The waiter's place in the urgency order (lower goes first): see :mod:`sidecar.admission.order`."""

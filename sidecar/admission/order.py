@@ -8,13 +8,15 @@ summary), with ageing so nothing starves: a request's urgency key is its expecte
 (prompts plus expected output, every sequence) divided by ``1 + waited / AGEING_SECONDS``. A
 request that has waited two seconds competes at half its size, after twenty at a tenth, so a large
 request that keeps being passed over soon outranks fresh small ones. Requests of *similar* size are
-served first come, first served: of those whose key is within :data:`SIMILAR_SIZE` of the lowest,
-the one that has waited longest goes. Shortest-first only pays when sizes differ; among near-equals
-(forty chat turns of 80-120 prompt tokens) it reorders by noise and lengthens the tail (measured
-with ``bench/admission_ab.py`` on the generous-max-tokens shape: p95 3.31 s against 2.73 s straight
-by key alone, 2.79 s first come first served among similar sizes; 2026-12-01). Priorities and tenants
-stay in charge: the candidates are the waiting requests of the tenant whose turn it is in the
-highest priority band (tenants still take turns, one request each), and the most urgent of them goes.
+served first come, first served: of those whose size is within :data:`SIMILAR_SIZE` of the most
+urgent one's, the one that has waited longest goes. Shortest-first only pays when sizes differ;
+among near-equals (forty chat turns of 80-120 prompt tokens) it reorders by noise and lengthens the
+tail (measured with ``bench/admission_ab.py`` on the generous-max-tokens shape: p95 3.31 s against
+2.73 s straight by key alone, 2.79 s first come first served; 2026-12-01). Ageing still works on the
+key, so a mid-size request waits as long behind fresh short ones as before (the sustained overload's
+short p95 rose from ~1.3 s to ~3.6 s when similarity was judged on the aged key instead of the size).
+Priorities and tenants stay in charge: the candidates are the waiting requests of the tenant whose
+turn it is in the highest priority band (tenants still take turns, one request each).
 
 Under sustained overload a queue only grows: a request that cannot be served within its wait
 limit is better refused at once with an honest ``Retry-After`` than held until it times out. The
@@ -44,20 +46,21 @@ def urgency(expected_tokens: int, waited: float) -> float:
 
 
 SIMILAR_SIZE = 2.0
-"""Keys within this factor of the lowest are near-equals: the oldest of them goes first."""
+"""Sizes within this factor of the most urgent request's are near-equals: the oldest of them goes first."""
 
 
-def pick_next(candidates: Sequence[T], key: Callable[[T], float], waited: Callable[[T], float]) -> T | None:
-    """The longest-waiting candidate whose key is within :data:`SIMILAR_SIZE` of the lowest.
+def pick_next(candidates: Sequence[T], size: Callable[[T], int], waited: Callable[[T], float]) -> T | None:
+    """The most urgent candidate, or the longest-waiting one of a size similar to it.
 
-    The first of equals wins, so the fair order breaks ties.
+    The most urgent has the lowest :func:`urgency` key; of the candidates whose size is within
+    :data:`SIMILAR_SIZE` of its size either way, the one that has waited longest goes (the first of
+    equals wins, so the fair order breaks ties).
     """
-    keyed = [(key(candidate), candidate) for candidate in candidates]
-    if not keyed:
+    if not candidates:
         return None
-    lowest = min(k for k, _ in keyed)
-    similar = [candidate for k, candidate in keyed if k <= lowest * SIMILAR_SIZE]
-    return max(similar, key=waited)
+    best = min(candidates, key=lambda c: urgency(size(c), waited(c)))
+    low, high = size(best) / SIMILAR_SIZE, size(best) * SIMILAR_SIZE
+    return max((c for c in candidates if low <= size(c) <= high), key=waited)
 
 
 def wait_estimate(  # noqa: PLR0917 - two queues and two rates, each named

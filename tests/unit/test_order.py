@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.admission.order import SIMILAR_SIZE, pick_next, urgency
+from sidecar.admission.order import SIMILAR_SIZE, pick_next
 
 
 def pick(waiting: list[tuple[str, int, float]]) -> str | None:
     """(name, expected tokens, seconds waited) -> the name that goes next."""
-    chosen = pick_next(waiting, lambda w: urgency(w[1], w[2]), lambda w: w[2])
+    chosen = pick_next(waiting, lambda w: w[1], lambda w: w[2])
     return None if chosen is None else chosen[0]
 
 
@@ -19,8 +19,9 @@ def pick(waiting: list[tuple[str, int, float]]) -> str | None:
         ([], None),
         ([("mid", 600, 0.5), ("short", 40, 0.0)], "short"),  # 15x smaller: shortest first
         ([("mid", 600, 12.0), ("short", 40, 0.0)], "short"),  # aged to 86: still over 2x the short one
-        ([("mid", 600, 14.0), ("short", 40, 0.0)], "mid"),  # aged to 75: a near-equal that waited longest
-        ([("older", 270, 0.4), ("newer", 230, 0.0)], "older"),  # near-equals: first come, first served
+        ([("mid", 600, 14.0), ("short", 40, 0.0)], "short"),  # aged to 75: still not a short one's size
+        ([("mid", 600, 30.0), ("short", 40, 0.0)], "mid"),  # aged to 37.5: more urgent than the short one
+        ([("older", 270, 0.1), ("newer", 230, 0.0)], "older"),  # near-equals: first come, first served
         ([("a", 100, 1.0), ("b", 100, 1.0)], "a"),  # equals: the fair order breaks the tie
         ([("big", 1000, 3.0), ("small", 100, 0.1), ("smaller", 90, 0.0)], "small"),  # oldest of the similar
     ],
