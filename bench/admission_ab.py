@@ -3,8 +3,8 @@
 Run: ``.venv/bin/python -m bench.admission_ab --shape mid-size --rounds 4 --variant 100ms=--scrape-interval=100ms
 --variant 250ms=--scrape-interval=250ms``. Every round draws one plan of the shape (sizes, kinds, arrival times)
 and sends it straight to vLLM and through a fresh ``kv-sidecar run`` per variant, in an order that alternates
-between rounds; before each run vLLM's prefix cache is reset and the prompts are fresh token ids, so no run rides
-on blocks an earlier one left cached. A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
+between rounds; before each run vLLM's prefix cache is reset, so no run rides on blocks an earlier one left
+cached, and every target of a round gets the same token-id prompts and sampling seeds (fresh per round). A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
 ``name=`` alone is the defaults). Prints each run and the medians (makespan, short p95, preemptions, lost); the
 engine is the admission suite's (started here unless ``--engine-url`` is given).
 """
@@ -48,11 +48,11 @@ async def compare(
             await reset_prefix_cache(engine)
             index += 1
             if target == STRAIGHT:
-                summary = await run_once(engine, engine, shape, planned, 9000 + index)
+                summary = await run_once(engine, engine, shape, planned, 9000 + round_)
             else:
                 log = workdir / f"{target}-{index}.log"
                 summary = await through_sidecar(
-                    engine, model, variants[target], log, shape, planned, 9000 + index
+                    engine, model, variants[target], log, shape, planned, 9000 + round_
                 )
             figures = {k: summary[k] for k in ("makespan", "short_p95", "preemptions", "lost")}
             runs[target].append(figures)

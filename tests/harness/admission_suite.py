@@ -5,9 +5,12 @@ server with the harness defaults (16 blocks x 128 tokens = 2,048-token pool, 4 s
 1024; ``VLLM_SERVER_DEV_MODE=1`` so ``POST /reset_prefix_cache`` exists) unless ``--engine-url`` is given.
 For every shape and round it sends the same traffic twice, direct and through a sidecar started for that run
 alone (no admission flags: add some with ``--sidecar-arg=--admission --sidecar-arg=lanes``), alternating
-which goes first per round. Before each run it waits for vLLM to be idle, resets its prefix cache and draws
-fresh token-id prompts (seed ``base*1000 + run index``; the sizes, kinds and arrival times are the same for
-both targets of a round), so no run rides on blocks an earlier one left cached.
+which goes first per round. Before each run it waits for vLLM to be idle and resets its prefix cache, so no
+run rides on blocks an earlier one left cached (the summary says if a reset failed). Both targets of a round get
+the same traffic: sizes, kinds, arrival times, token-id prompts and sampling seeds (seed ``base*1000 + round``),
+fresh per round; with random weights the answers' lengths depend on the prompt and seed, so drawing them per
+run compared different work (the generous-max-tokens shape's answers differed by up to 25% at p90 between the
+two targets of one round).
 
 Shapes (``/v1/completions``, temperature 0, ``ignore_eos`` unless said):
 
@@ -416,7 +419,7 @@ async def run_suite(
                 await wait_idle(engine_url)
                 result["prefix_cache_reset"] &= await reset_prefix_cache(engine_url)
                 run_index += 1
-                token_seed = seed * 1000 + run_index
+                token_seed = seed * 1000 + round_  # the same prompts and sampling seeds for both targets
                 if progress:
                     print(
                         f"  {shape.name} round {round_ + 1}/{rounds} {target} ({len(planned)} requests)",

@@ -13,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from sidecar.admission.decide import AdmissionMode, OnPressure
+from sidecar.admission.pressure import StaleMode
 from sidecar.cli import build_parser
 from sidecar.server import gateway
 
@@ -300,3 +302,47 @@ def test_the_inference_pool_selects_the_pods_on_the_proxy_port_and_the_epp_reads
 def test_keda_scales_on_the_sidecar_adjusted_queue() -> None:
     scaled = next(d for d in documents(render(VALUE_SETS["autoscaling"])) if d["kind"] == "ScaledObject")
     assert scaled["spec"]["triggers"][0]["metadata"]["query"].startswith(f"sum({gateway.QUEUED}{{")
+
+
+SIDECAR_SETTINGS = {  # chart value -> the flag it passes; null in values.yaml: the sidecar's own default
+    ("admission", "onPressure"): ("--on-pressure", "reject"),
+    ("admission", "mode"): ("--admission", "lanes"),
+    ("admission", "pressureThreshold"): ("--pressure-threshold", 0.9),
+    ("admission", "releaseThreshold"): ("--release-threshold", 0.7),
+    ("admission", "pressureWindow"): ("--pressure-window", "10s"),
+    ("admission", "longLaneConcurrency"): ("--long-lane-concurrency", 2),
+    ("admission", "queueTimeout"): ("--queue-timeout", "5s"),
+    ("admission", "queueMaxEntries"): ("--queue-max-entries", 64),
+    ("admission", "stalePolicy"): ("--stale-policy", "closed"),
+    ("maxBodyBytes",): ("--max-body-bytes", "1MiB"),
+    ("scrapeInterval",): ("--scrape-interval", "500ms"),
+    ("logLevel",): ("--log-level", "debug"),
+}
+
+
+def test_the_chart_restates_no_sidecar_default() -> None:
+    """Each sidecar default is written once, in the sidecar: the chart passes a flag only when it is set."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["sidecar"]
+    defaults = flags(containers(render({}))["kv-sidecar"]["args"])
+    chosen: dict[str, Any] = {"admission": {}}
+    for path, (flag, value) in SIDECAR_SETTINGS.items():
+        node = values
+        for key in path:
+            node = node[key]
+        assert node is None, f"sidecar.{'.'.join(path)} restates the sidecar's default"
+        assert flag not in defaults
+        (chosen["admission"] if path[0] == "admission" else chosen)[path[-1]] = value
+    rendered = flags(containers(render({"sidecar": chosen}))["kv-sidecar"]["args"])
+    assert {flag: rendered[flag] for flag, _ in SIDECAR_SETTINGS.values()} == {
+        flag: str(value) for flag, value in SIDECAR_SETTINGS.values()
+    }
+    args = [str(a) for a in containers(render({"sidecar": chosen}))["kv-sidecar"]["args"]]
+    assert build_parser().parse_args(args).admission == "lanes"  # the sidecar accepts what the chart passes
+
+
+def test_the_schemas_choices_are_the_sidecars() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["sidecar"]["properties"]
+    admission = schema["admission"]["properties"]
+    assert set(admission["mode"]["enum"]) - {None} == set(AdmissionMode)
+    assert set(admission["onPressure"]["enum"]) - {None} == set(OnPressure)
+    assert set(admission["stalePolicy"]["enum"]) - {None} == set(StaleMode)

@@ -136,36 +136,60 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 - --nvml
 - {{ ternary "auto" "off" .Values.sidecar.nvml.enabled | quote }}
+{{- with .Values.sidecar.admission.onPressure }}
 - --on-pressure
-- {{ .Values.sidecar.admission.onPressure | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.mode }}
 - --admission
-- {{ .Values.sidecar.admission.mode | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.pressureThreshold }}
 - --pressure-threshold
-- {{ .Values.sidecar.admission.pressureThreshold | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.releaseThreshold }}
 - --release-threshold
-- {{ .Values.sidecar.admission.releaseThreshold | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.pressureWindow }}
 - --pressure-window
-- {{ .Values.sidecar.admission.pressureWindow | quote }}
+- {{ . | quote }}
+{{- end }}
 {{- with .Values.sidecar.admission.longPromptTokens }}
 - --long-prompt-tokens
 - {{ . | quote }}
 {{- end }}
+{{- with .Values.sidecar.admission.longLaneConcurrency }}
 - --long-lane-concurrency
-- {{ .Values.sidecar.admission.longLaneConcurrency | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.queueTimeout }}
 - --queue-timeout
-- {{ .Values.sidecar.admission.queueTimeout | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.queueMaxEntries }}
 - --queue-max-entries
-- {{ .Values.sidecar.admission.queueMaxEntries | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.admission.stalePolicy }}
 - --stale-policy
-- {{ .Values.sidecar.admission.stalePolicy | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.maxBodyBytes }}
 - --max-body-bytes
-- {{ .Values.sidecar.maxBodyBytes | quote }}
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.sidecar.scrapeInterval }}
 - --scrape-interval
-- {{ .Values.sidecar.scrapeInterval | quote }}
+- {{ . | quote }}
+{{- end }}
 - --drain-timeout
 - {{ .Values.sidecar.drainTimeout | quote }}
+{{- with .Values.sidecar.logLevel }}
 - --log-level
-- {{ .Values.sidecar.logLevel | quote }}
+- {{ . | quote }}
+{{- end }}
 {{- range .Values.sidecar.extraArgs }}
 - {{ . | quote }}
 {{- end }}
