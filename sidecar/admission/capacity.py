@@ -33,9 +33,11 @@ can hold what every in-flight request will hold over the new request's lifetime,
   Others grow by one token per step, never past their expected peak. Only a request whose
   expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
   most ``bound - progress + prefill steps`` steps, provided it is running: a request waiting in vLLM's
-  queue does not progress. vLLM's queue is first come, first served (``Scheduler.schedule`` takes
-  ``self.waiting`` in arrival order; preempted requests, which this ledger exists to prevent, go back to
-  its front), so when the last scrape counted ``w`` requests waiting, the ``w`` newest holdings admitted
+  queue does not progress. vLLM's queue is first come, first served (checked in vLLM 0.32.0 as installed:
+  ``vllm/v1/core/sched/request_queue.py``, ``FCFSRequestQueue`` appends and pops from the left;
+  ``Scheduler._preempt_request`` prepends a preempted request, which this ledger exists to prevent; with
+  ``--scheduling-policy priority`` the queue is ordered by priority instead, which is not modelled here),
+  so when the last scrape counted ``w`` requests waiting, the ``w`` newest holdings admitted
   before that scrape may be among them, and the older ones are running; holdings admitted since the
   scrape may be waiting too. Those are not taken to end; nobody else is assumed to release anything.
   So a short request fits beside long ones far from their peaks, and a long one may start once the one
