@@ -77,6 +77,11 @@ ENTRY_STEPS = 8
 
 The HTTP hop, the API server's processing and the hand-off to the engine core take tens of milliseconds
 on a busy host, while the step counter runs on for others: a request is taken to end this much later."""
+TRANSIT_SECONDS = 0.25
+"""A scrape asked this soon after an admission may not count the request yet (it can still be on its way
+into vLLM): such a scrape neither bounds its admission step nor shows it running. Without this margin a
+request in transit at a scrape that saw nothing waiting was taken to be running: one preemption through the
+sidecar in one mid-size spike of about twenty (a CI run of the e2e shapes test)."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
 
@@ -268,7 +273,8 @@ class CapacityLedger:
 
     def _surely_running(self) -> set[int]:
         """Holdings that cannot be waiting in the engine's queue (see "The candidate's lifetime")."""
-        before = [key for key, h in self.holdings.items() if h.admitted_at < self.sampled_at]
+        seen = self.sampled_at - TRANSIT_SECONDS
+        before = [key for key, h in self.holdings.items() if h.admitted_at < seen]
         return set(before[: max(0, len(before) - self.engine_waiting)])  # ids grow with admission
 
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
@@ -291,7 +297,7 @@ class CapacityLedger:
         """
         if step_count is not None:
             for holding in self.holdings.values():
-                if holding.admitted_at < sampled_at and (
+                if holding.admitted_at < sampled_at - TRANSIT_SECONDS and (
                     holding.admitted_high is None or holding.admitted_high > step_count
                 ):
                     holding.admitted_high = step_count

@@ -142,12 +142,18 @@ def test_a_request_admitted_before_any_rate_is_bounded_by_the_next_scrape() -> N
     ledger = CapacityLedger()
     ledger.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)  # no rate: upper bound unknown
     candidate = demand(600, 400)
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.01)
+    ledger.observe_scrape(
+        None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.1
+    )  # too soon: in transit
+    assert not ledger.fits(candidate, POOL, Steps(low=1120, high=1120))  # neither bounded nor shown running
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.3)
     assert not ledger.fits(candidate, POOL, Steps(low=1000, high=1000))  # just started
     assert ledger.fits(candidate, POOL, Steps(low=1120, high=1120))  # 120 steps along: it ends in time
     late = CapacityLedger()
     late.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)
-    late.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=-0.01)  # asked before
+    late.observe_scrape(
+        None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.2
+    )  # asked in its transit
     late.sampled_at = 1.0  # a later scrape without a step count
     assert not late.fits(candidate, POOL, Steps(low=1120, high=1120))  # its admission step is still unknown
 
