@@ -56,11 +56,12 @@ def pick_next(candidates: Sequence[T], size: Callable[[T], int], waited: Callabl
     :data:`SIMILAR_SIZE` of its size either way, the one that has waited longest goes (the first of
     equals wins, so the fair order breaks ties).
     """
-    if not candidates:
+    measured = [(size(c), waited(c), c) for c in candidates]  # each size once: it is a learned estimate
+    if not measured:
         return None
-    best = min(candidates, key=lambda c: urgency(size(c), waited(c)))
-    low, high = size(best) / SIMILAR_SIZE, size(best) * SIMILAR_SIZE
-    return max((c for c in candidates if low <= size(c) <= high), key=waited)
+    best = min(measured, key=lambda m: urgency(m[0], m[1]))[0]
+    low, high = best / SIMILAR_SIZE, best * SIMILAR_SIZE
+    return max((m for m in measured if low <= m[0] <= high), key=lambda m: m[1])[2]
 
 
 def wait_estimate(  # noqa: PLR0917 - two queues and two rates, each named
