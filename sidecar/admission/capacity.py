@@ -22,32 +22,36 @@ can hold what every in-flight request will hold over the new request's lifetime,
   step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
   both sides: from above by the steps since the last scrape before it was admitted, with the clock
   extrapolated at the highest rate seen (it looks at least as big as it is); from below by the steps
-  counted at scrapes since its admission could at the latest have happened, less its prefill steps and
-  :data:`ENTRY_STEPS` (it ends no later than that says). The lower bound is the count a scrape read, never
-  extrapolated: a step can take any time (a long prefill, a busy host), so no rate bounds it from below.
-  A stream's counted tokens are exact progress. Without a step clock a request is taken to be at its
-  expected peak.
+  counted since a scrape that showed it running, less its prefill steps and :data:`ENTRY_STEPS` (it
+  ends no later than that says). The lower bound is the count a scrape read, never extrapolated: a step
+  can take any time (a long prefill, a busy host), so no rate bounds it from below. A stream's counted
+  tokens are exact progress. Without a step clock a request is taken to be at its expected peak.
 * **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps (plus
   ``block_size`` for safety). Over that span the ledger evaluates the pool at every point where it
   could peak: just before each in-flight request is certain to end, and at the end of the span.
   Others grow by one token per step, never past their expected peak. Only a request whose
   expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
-  most ``bound - progress + prefill steps`` steps, provided it is running: a request waiting in vLLM's
-  queue does not progress. vLLM's queue is first come, first served (checked in vLLM 0.32.0 as installed:
-  ``vllm/v1/core/sched/request_queue.py``, ``FCFSRequestQueue`` appends and pops from the left;
-  ``Scheduler._preempt_request`` prepends a preempted request, which this ledger exists to prevent; with
-  ``--scheduling-policy priority`` the queue is ordered by priority instead, which is not modelled here),
-  so when the last scrape counted ``w`` requests waiting, the ``w`` newest holdings admitted
-  before that scrape may be among them, and the older ones are running; holdings admitted since the
-  scrape may be waiting too. Those are not taken to end; nobody else is assumed to release anything.
-  So a short request fits beside long ones far from their peaks, and a long one may start once the one
+  most ``bound - progress + prefill steps`` steps, and only once a scrape has shown it running: a
+  request waiting in vLLM's queue, or still on its way there, does not progress, and the steps it
+  spent waiting must not be counted as progress. Nobody else is assumed to release anything. So a
+  short request fits beside long ones far from their peaks, and a long one may start once the one
   before it is far enough along to be gone before both would need their last blocks.
-* **When a holding was admitted.** Its admission step is bounded by the clock at admission: from below
-  by the count at the last scrape, from above by the extrapolated count (unknown while no rate has been
-  seen, as on a freshly started sidecar or engine). The first scrape *sent* after the admission gives a
-  count the engine reached after it, so it tightens the upper bound; without that, a request admitted
-  before any rate was seen could never be shown to end, and would be planned at its peak to its last
-  step.
+* **Which holdings a scrape shows running.** vLLM's queue is first come, first served (checked in
+  vLLM 0.32.0 as installed: ``vllm/v1/core/sched/request_queue.py``, ``FCFSRequestQueue`` appends and
+  pops from the left; ``Scheduler._preempt_request`` prepends a preempted request, which this ledger
+  exists to prevent; with ``--scheduling-policy priority`` the queue is ordered by priority instead,
+  which is not modelled here). Of the ``n`` holdings admitted before a scrape (at least
+  :data:`TRANSIT_SECONDS` before it was asked for), the newest may not have reached the engine yet, the
+  next newest are the ``w`` it counts waiting, and the others have finished or are running. So the
+  oldest ``min(r, n - w)``, with ``r`` the requests it counts running, are running or done: from that
+  scrape on they are certain to end, their progress counted from that scrape's step count. A scrape's
+  gauges and its step count describe one engine step (``AsyncLLM``'s output handler passes
+  ``scheduler_stats`` and ``iteration_stats`` to ``PrometheusStatLogger.record`` together,
+  ``vllm/v1/engine/async_llm.py``). Counting progress from the admission instead took a request
+  staged in vLLM's queue to have run while it waited: vLLM preempted once through the sidecar in
+  about one mid-size spike in three (fresh-clone CI runs at ``a63a275`` and ``e551477``). Clients
+  that bypass the sidecar only make ``w`` larger (more caution); theirs running make ``r`` larger,
+  which ``n - w`` caps.
 * **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
   a full prompt block whose tokens (and all before it) equal a block already held by a running
   request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented
@@ -78,10 +82,9 @@ ENTRY_STEPS = 8
 The HTTP hop, the API server's processing and the hand-off to the engine core take tens of milliseconds
 on a busy host, while the step counter runs on for others: a request is taken to end this much later."""
 TRANSIT_SECONDS = 0.25
-"""A scrape asked this soon after an admission may not count the request yet (it can still be on its way
-into vLLM): such a scrape neither bounds its admission step nor shows it running. Without this margin a
-request in transit at a scrape that saw nothing waiting was taken to be running: one preemption through the
-sidecar in one mid-size spike of about twenty (a CI run of the e2e shapes test)."""
+"""A scrape asked this soon after an admission does not show the request running: requests admitted within
+a few milliseconds of each other may reach vLLM in either order, so the first-come-first-served reading of
+the scrape's counts holds only for requests that have had time to arrive."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
 
@@ -159,8 +162,8 @@ class Holding:
 
     demand: Demand
     admitted_low: float | None  # the step count at the last scrape before admission
-    admitted_high: float | None  # the extrapolated step count at admission (tightened by later scrapes)
     admitted_at: float = 0.0  # the sidecar's clock at admission
+    started_high: float | None = None  # the step count at the first scrape that showed it running
     generated: int = 0  # tokens seen streaming back (per sequence), exact
 
     def progress_high(self, step_high: float | None) -> int | None:
@@ -170,15 +173,18 @@ class Holding:
         return max(self.generated, int(step_high - self.admitted_low))
 
     def progress_low(self, step_low: float | None) -> int:
-        """At least this many steps run since admission (streamed tokens when known)."""
-        if step_low is None or self.admitted_high is None:
+        """At least this many steps run since a scrape showed it running (streamed tokens when known)."""
+        if step_low is None or self.started_high is None:
             return self.generated
-        return max(self.generated, int(step_low - self.admitted_high))
+        return max(self.generated, int(step_low - self.started_high))
 
     def steps_left(self, step_low: float | None) -> float:
-        """Steps until it is certain to have ended, or ``inf`` when nothing bounds its end."""
+        """Steps until it is certain to have ended, or ``inf`` when nothing bounds its end.
+
+        Unbounded until a scrape has shown it running, or when its expectation is below its bound.
+        """
         demand = self.demand
-        if demand.expected_output < demand.output_bound:
+        if demand.expected_output < demand.output_bound or self.started_high is None:
             return math.inf
         prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + ENTRY_STEPS
         return max(0, demand.output_bound - self.progress_low(step_low)) + prefill
@@ -199,14 +205,12 @@ class CapacityLedger:
     holdings: dict[int, Holding] = field(default_factory=dict)
     shared: Counter[int] = field(default_factory=Counter)
     unexplained: int = 0
-    engine_waiting: int = 0  # requests the last scrape saw waiting in the engine's queue
-    sampled_at: float = -math.inf  # when the last scrape's page was asked for
     _next_id: int = 0
 
     def add(self, demand: Demand, steps: Steps, now: float = 0.0) -> int:
         """Hold ``demand`` from ``now``; returns the holding's id."""
         self._next_id += 1
-        self.holdings[self._next_id] = Holding(demand, steps.low, steps.high, now)
+        self.holdings[self._next_id] = Holding(demand, steps.low, now)
         self.shared.update(demand.all_hashes)
         return self._next_id
 
@@ -254,11 +258,7 @@ class CapacityLedger:
             <= pool.blocks
         ):
             return True  # everyone at their peak at once fits: no need to look at when they end
-        running = self._surely_running()
-        ends = {
-            key: holding.steps_left(steps.low) if key in running else math.inf
-            for key, holding in self.holdings.items()
-        }
+        ends = {key: holding.steps_left(steps.low) for key, holding in self.holdings.items()}
         points = sorted(t for t in ends.values() if t < lifetime)[:MAX_RELEASE_POINTS]
         considered = set(points)
         for point in [*points, lifetime]:
@@ -271,12 +271,6 @@ class CapacityLedger:
                 return False
         return True
 
-    def _surely_running(self) -> set[int]:
-        """Holdings that cannot be waiting in the engine's queue (see "The candidate's lifetime")."""
-        seen = self.sampled_at - TRANSIT_SECONDS
-        before = [key for key, h in self.holdings.items() if h.admitted_at < seen]
-        return set(before[: max(0, len(before) - self.engine_waiting)])  # ids grow with admission
-
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
         return pool.blocks - self.projected(steps, math.inf, pool.block_size) - self.unexplained
@@ -288,21 +282,24 @@ class CapacityLedger:
         block_size: int,
         *,
         waiting: float | None,
+        running: float | None = None,
         step_count: float | None = None,
         sampled_at: float = -math.inf,
     ) -> None:
-        """A scrape asked for at ``sampled_at``: ``used_blocks`` used, ``waiting`` queued, at ``step_count``.
+        """A scrape asked for at ``sampled_at``: ``used_blocks`` used, ``waiting`` and ``running`` counted.
 
-        Admissions before it get their step bounded by its count; what the ledger cannot explain is kept.
+        The holdings it shows running (see "Which holdings a scrape shows running") get its step count as
+        the latest step they started at; what the ledger cannot explain is kept.
         """
         if step_count is not None:
-            for holding in self.holdings.values():
-                if holding.admitted_at < sampled_at - TRANSIT_SECONDS and (
-                    holding.admitted_high is None or holding.admitted_high > step_count
-                ):
-                    holding.admitted_high = step_count
-        self.sampled_at = sampled_at
-        self.engine_waiting = math.ceil(waiting or 0)
+            seen = sampled_at - TRANSIT_SECONDS
+            before = [h for h in self.holdings.values() if h.admitted_at < seen]  # oldest first
+            shown = len(before) - math.ceil(waiting or 0)
+            if running is not None:
+                shown = min(shown, math.floor(running))
+            for holding in before[: max(0, shown)]:
+                if holding.started_high is None:
+                    holding.started_high = step_count
         if used_blocks is not None:
             explained = self.projected(steps, 0, block_size)
             self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))

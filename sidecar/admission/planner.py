@@ -190,6 +190,7 @@ class CapacityPlanner:
                 self.steps.bounds(now),
                 pool.block_size,
                 waiting=waiting,
+                running=running,
                 step_count=steps,
                 sampled_at=now if sampled_at is None else sampled_at,
             )

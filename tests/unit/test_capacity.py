@@ -109,53 +109,65 @@ def test_a_short_request_fits_beside_long_ones_far_from_their_peaks() -> None:
 def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -> None:
     ledger = CapacityLedger()
     ledger.add(demand(600, 400), Steps(low=0, high=0))  # ignore_eos-like: ends after 400 + prefill steps
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, sampled_at=1.0)  # a scrape after: it is running
     candidate = demand(600, 400)
+    assert not ledger.fits(candidate, POOL, Steps(low=500, high=500))  # no scrape has shown it running
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, step_count=0, sampled_at=1.0)
     # the first is certain to end within 400 - progress + 3 prefill + 8 entry steps; the candidate (5 blocks
     # at once, one more per 128 steps) must stay within 7 blocks until then: 600 + (411 - p) <= 896 -> p >= 115
     assert not ledger.fits(candidate, POOL, Steps(low=114, high=114))
     assert ledger.fits(candidate, POOL, Steps(low=115, high=115))
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=2.0)  # it may be the one waiting
-    assert not ledger.fits(candidate, POOL, Steps(low=115, high=115))
+    waiting = CapacityLedger()
+    waiting.add(demand(600, 400), Steps(low=0, high=0))
+    waiting.observe_scrape(None, UNKNOWN, 128, waiting=1, running=0, step_count=0, sampled_at=1.0)
+    assert not waiting.fits(candidate, POOL, Steps(low=115, high=115))  # it is the one waiting
 
 
-def test_only_the_newest_holdings_may_be_the_ones_waiting() -> None:
-    """vLLM's queue is first come, first served: with one request waiting, the older ones are running."""
+def test_progress_counts_from_the_scrape_that_showed_the_request_running() -> None:
+    """A request staged in vLLM's queue does not progress while it waits there.
+
+    Counting its progress from the admission (or the first scrape after it) took it to be near its end
+    while it had only just started: vLLM preempted through the sidecar in a mid-size spike.
+    """
+    candidate = demand(600, 400)
+    ledger = CapacityLedger()
+    ledger.add(demand(600, 400), Steps(low=1000, high=1000), now=0.0)
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=1, running=4, step_count=1010, sampled_at=0.5)
+    assert not ledger.fits(candidate, POOL, Steps(low=1200, high=1200))  # still waiting, as far as is known
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, running=4, step_count=1150, sampled_at=1.5)
+    assert not ledger.fits(candidate, POOL, Steps(low=1200, high=1200))  # 50 steps along, not 190
+    assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # 115 steps since it was seen running
+    ledger.observe_scrape(None, UNKNOWN, 128, waiting=3, running=1, step_count=1300, sampled_at=2.5)
+    assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # a running request stays running
+
+
+def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:
+    """vLLM's queue is first come, first served: the newest have not arrived or are the ones waiting."""
     long, short, candidate = demand(600, 400), demand(24, 16), demand(600, 400)
     at = Steps(low=250, high=250)  # the long one 250 steps along: ends within 161; candidate 6 blocks by then
-    older = CapacityLedger()
-    older.add(long, Steps(low=0, high=0), now=0.0)
-    older.add(short, Steps(low=0, high=0), now=0.5)  # staged behind it: the one waiting in vLLM
-    older.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=1.0)
-    assert older.fits(candidate, POOL, at)  # 8 + 1 + 6 until the long one ends
-    newer = CapacityLedger()
-    newer.add(short, Steps(low=0, high=0), now=0.0)
-    newer.add(long, Steps(low=0, high=0), now=0.5)  # the newest: it may be the one waiting
-    newer.observe_scrape(None, UNKNOWN, 128, waiting=1, sampled_at=1.0)
-    assert not newer.fits(candidate, POOL, at)
-    older.add(short, at, now=1.5)  # admitted since the scrape: may be waiting, never taken to end
+
+    def ledger(first: Demand, second: Demand, *, waiting: int, running: int) -> CapacityLedger:
+        made = CapacityLedger()
+        made.add(first, Steps(low=0, high=0), now=0.0)
+        made.add(second, Steps(low=0, high=0), now=0.5)
+        made.observe_scrape(
+            None, UNKNOWN, 128, waiting=waiting, running=running, step_count=0, sampled_at=1.0
+        )
+        return made
+
+    assert ledger(long, short, waiting=1, running=1).fits(candidate, POOL, at)  # 8 + 1 + 6 till it ends
+    assert not ledger(short, long, waiting=1, running=1).fits(candidate, POOL, at)  # the long one waits
+    assert ledger(long, short, waiting=0, running=1).fits(candidate, POOL, at)  # the short one on its way
+    assert not ledger(short, long, waiting=0, running=1).fits(candidate, POOL, at)  # the long one, maybe
+    assert ledger(short, long, waiting=0, running=2).fits(candidate, POOL, at)
+    older = ledger(long, short, waiting=1, running=1)
+    older.add(short, at, now=1.5)  # admitted since the scrape: never taken to end
     assert not older.fits(candidate, POOL, at)  # 8 + 1 + 1 + 6
-
-
-def test_a_request_admitted_before_any_rate_is_bounded_by_the_next_scrape() -> None:
-    """The first request of a fresh sidecar (no step rate seen yet) must still be shown to end."""
-    ledger = CapacityLedger()
-    ledger.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)  # no rate: upper bound unknown
-    candidate = demand(600, 400)
-    ledger.observe_scrape(
-        None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.1
-    )  # too soon: in transit
-    assert not ledger.fits(candidate, POOL, Steps(low=1120, high=1120))  # neither bounded nor shown running
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.3)
-    assert not ledger.fits(candidate, POOL, Steps(low=1000, high=1000))  # just started
-    assert ledger.fits(candidate, POOL, Steps(low=1120, high=1120))  # 120 steps along: it ends in time
     late = CapacityLedger()
-    late.add(demand(600, 400), Steps(low=1000, high=None), now=0.0)
-    late.observe_scrape(
-        None, UNKNOWN, 128, waiting=0, step_count=1000, sampled_at=0.2
-    )  # asked in its transit
-    late.sampled_at = 1.0  # a later scrape without a step count
-    assert not late.fits(candidate, POOL, Steps(low=1120, high=1120))  # its admission step is still unknown
+    late.add(long, Steps(low=0, high=0), now=0.9)
+    late.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, step_count=0, sampled_at=1.0)
+    assert not late.fits(candidate, POOL, at)  # asked while it may have been on its way into vLLM
+    late.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, sampled_at=2.0)
+    assert not late.fits(candidate, POOL, at)  # a scrape without a step count gives no start step
 
 
 def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
@@ -177,7 +189,7 @@ def test_the_gauge_adds_what_the_ledger_cannot_explain() -> None:
     assert ledger.fits(demand(600, 100), POOL, UNKNOWN)  # 1 + 8 + 6 = 15
     assert not ledger.fits(demand(700, 100), POOL, UNKNOWN)  # 1 + 8 + 7
     ledger.observe_scrape(0.0, UNKNOWN, 128, waiting=3)
-    assert (ledger.unexplained, ledger.engine_waiting) == (0, 3)
+    assert ledger.unexplained == 0
 
 
 def test_free_blocks() -> None:
