@@ -434,10 +434,29 @@ async def run_suite(
                     )
                 runs[target].append(summary | {"round": round_, "token_seed": token_seed})
         median = {target: medians(target_runs) for target, target_runs in runs.items()}
-        result["shapes"][shape.name] = {"shape": asdict(shape), "runs": runs, "median": median}
+        paired = {key: paired_ratios(runs, key) for key in ("short_p95", "makespan")}
+        result["shapes"][shape.name] = {
+            "shape": asdict(shape),
+            "runs": runs,
+            "median": median,
+            "paired": paired,
+        }
         if progress:
             print_shape(shape.name, result["shapes"][shape.name]["median"])
     return result
+
+
+def paired_ratios(runs: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
+    """Sidecar over straight for ``key``, round by round (the two runs of a round are back to back).
+
+    This VM's speed drifts by up to 2x between minutes; a round's two runs share the drift, so the
+    median of the per-round ratios is the steadier comparison (the medians of each column are reported too).
+    """
+    return [
+        s[key] / d[key]
+        for d, s in zip(runs["direct"], runs["sidecar"], strict=True)
+        if d[key] and s[key] is not None
+    ]
 
 
 ROWS = [
@@ -477,15 +496,19 @@ def print_summary(result: dict[str, Any]) -> None:
     def ratio(d: float | None, s: float | None) -> str:
         return f"{s / d:.2f}x" if d and s is not None else "-"
 
-    print(f"\n{'shape':<22}{'preempt d->s':>14}{'short p95 d->s':>16}{'ratio':>8}{'makespan s/d':>14}"
-          f"{'lost d/s':>10}{'refused (R-A)':>16}")  # fmt: skip
+    def paired(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}x" if values else "-"
+
+    print(f"\n{'shape':<22}{'preempt d->s':>14}{'short p95 d->s':>16}{'ratio':>8}{'paired':>8}{'makespan s/d':>14}"
+          f"{'paired':>8}{'lost d/s':>10}{'refused (R-A)':>16}")  # fmt: skip
     for name, entry in result["shapes"].items():
         d, s = entry["median"]["direct"], entry["median"]["sidecar"]
         retry_after = {True: "yes", False: "no", None: "-"}[s["all_refusals_retry_after"]]
         print(
             f"{name:<22}{arrow(d['preemptions'], s['preemptions'], '{:.0f}'):>14}"
             f"{arrow(d['short_p95'], s['short_p95'], '{:.2f}'):>16}{ratio(d['short_p95'], s['short_p95']):>8}"
-            f"{ratio(d['makespan'], s['makespan']):>14}{_fmt(d['lost'], '{:.0f}') + '/' + _fmt(s['lost'], '{:.0f}'):>10}"
+            f"{paired(entry['paired']['short_p95']):>8}{ratio(d['makespan'], s['makespan']):>14}"
+            f"{paired(entry['paired']['makespan']):>8}{_fmt(d['lost'], '{:.0f}') + '/' + _fmt(s['lost'], '{:.0f}'):>10}"
             f"{_fmt(s['refused'], '{:.0f}') + f' ({retry_after})':>16}"
         )
     if not result["prefix_cache_reset"]:
