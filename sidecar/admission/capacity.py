@@ -51,7 +51,9 @@ can hold what every in-flight request will hold over the new request's lifetime,
   staged in vLLM's queue to have run while it waited: vLLM preempted once through the sidecar in
   about one mid-size spike in three (fresh-clone CI runs at ``a63a275`` and ``e551477``). Clients
   that bypass the sidecar only make ``w`` larger (more caution); theirs running make ``r`` larger,
-  which ``n - w`` caps.
+  which ``n - w`` caps. With data-parallel engines (their counts summed) each engine's queue is first
+  come, first served but the sidecar does not know which engine took which request, so the reading is
+  approximate there.
 * **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
   a full prompt block whose tokens (and all before it) equal a block already held by a running
   request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented

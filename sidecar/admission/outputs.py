@@ -60,6 +60,7 @@ class OutputLengths:
     _samples: dict[tuple[str, str], deque[int]] = field(default_factory=dict)
     engine_record: tuple[tuple[float, float], ...] = ()  # vLLM's histogram: (upper bound, cumulative)
     _engine_bound: int | None = None
+    _bounds: dict[tuple[str, str], int | None] = field(default_factory=dict)  # per key, until its next answer
 
     def learn_engine_record(self, record: tuple[tuple[float, float], ...]) -> None:
         """Take a scrape's view of the engine's histogram; its bound is computed here, once per scrape."""
@@ -83,14 +84,25 @@ class OutputLengths:
         """One answer on ``route`` for ``model`` took ``completion_tokens`` per choice."""
         window = self._samples.setdefault((route, model), deque(maxlen=self.settings.window))
         window.append(max(0, completion_tokens))
+        self._bounds.pop((route, model), None)
 
     def samples(self, route: str, model: str) -> int:
         """How many answers are known for the key."""
         return len(self._samples.get((route, model), ()))
 
     def bound(self, route: str, model: str) -> int | None:
-        """The learned bound (see the module docstring), or ``None`` before ``min_samples`` answers."""
-        window = self._samples.get((route, model))
+        """The learned bound (see the module docstring), or ``None`` before ``min_samples`` answers.
+
+        Asked several times per admission decision, it changes only with an answer: kept per key until then.
+        """
+        key = (route, model)
+        if key in self._bounds:
+            return self._bounds[key]
+        self._bounds[key] = found = self._bound(key)
+        return found
+
+    def _bound(self, key: tuple[str, str]) -> int | None:
+        window = self._samples.get(key)
         if window is None or len(window) < self.settings.min_samples:
             return None
         if len(window) < self.settings.trusted_samples:
