@@ -167,6 +167,13 @@ class Holding:
     admitted_at: float = 0.0  # the sidecar's clock at admission
     started_high: float | None = None  # the step count at the first scrape that showed it running
     generated: int = 0  # tokens seen streaming back (per sequence), exact
+    _peak: tuple[int, int] | None = None  # (block size, private blocks at the expected peak), once computed
+
+    def peak_blocks(self, block_size: int) -> int:
+        """Private blocks at its expected peak while it has not run past its expectation (kept once asked)."""
+        if self._peak is None or self._peak[0] != block_size:
+            self._peak = (block_size, self.demand.private_blocks(0, math.inf, block_size))
+        return self._peak[1]
 
     def progress_high(self, step_high: float | None) -> int | None:
         """At most this many tokens generated (``None``: unknown)."""
@@ -227,7 +234,9 @@ class CapacityLedger:
     def _private(self, holding: Holding, steps: Steps, horizon: float, block_size: int) -> int:
         done = holding.progress_high(steps.high)
         if done is None:
-            return holding.demand.private_blocks(holding.generated, math.inf, block_size)
+            done, horizon = holding.generated, math.inf
+        if math.isinf(horizon) and done < holding.demand.expected_output:
+            return holding.peak_blocks(block_size)  # the same figure as below, asked on every decision
         return holding.demand.private_blocks(done, horizon, block_size)
 
     def projected(self, steps: Steps, horizon: float, block_size: int) -> int:

@@ -61,6 +61,7 @@ class OutputLengths:
     engine_record: tuple[tuple[float, float], ...] = ()  # vLLM's histogram: (upper bound, cumulative)
     _engine_bound: int | None = None
     _bounds: dict[tuple[str, str], int | None] = field(default_factory=dict)  # per key, until its next answer
+    revision: int = 0  # counts every change of what :meth:`expected` answers from
 
     def learn_engine_record(self, record: tuple[tuple[float, float], ...]) -> None:
         """Take a scrape's view of the engine's histogram; its bound is computed here, once per scrape."""
@@ -68,6 +69,7 @@ class OutputLengths:
             return
         self.engine_record = record
         self._engine_bound = None
+        self.revision += 1
         total = record[-1][1] if record else 0.0
         if total < self.settings.trusted_samples:
             return
@@ -85,6 +87,7 @@ class OutputLengths:
         window = self._samples.setdefault((route, model), deque(maxlen=self.settings.window))
         window.append(max(0, completion_tokens))
         self._bounds.pop((route, model), None)
+        self.revision += 1
 
     def samples(self, route: str, model: str) -> int:
         """How many answers are known for the key."""

@@ -59,6 +59,7 @@ class CapacityPlanner:
         self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
         self.inflight_sequences = 0
         self.last_short: tuple[float, int] | None = None  # when a short request last came, and its blocks
+        self._last_demand: tuple[RequestFacts, Hashes, PoolView, int, int, Demand] | None = None
 
     def known(self) -> bool:
         """Whether a pool and ``max_model_len`` are known (else ``capacity`` falls back to ``lanes``)."""
@@ -73,11 +74,17 @@ class CapacityPlanner:
 
     def demand(self, facts: RequestFacts, hashes: Hashes) -> Demand | None:
         """The ledger's plan for the request with what is learned now; ``None`` while nothing is known."""
-        max_model_len = self.max_model_len()
-        if self.pool() is None or max_model_len is None:
+        max_model_len, pool = self.max_model_len(), self.pool()
+        if pool is None or max_model_len is None:
             return None
+        revision, last = self.outputs.revision, self._last_demand  # one decision asks three times
+        same = last is not None and last[0] is facts and last[1] is hashes and last[2] is pool
+        if same and last is not None and last[3:5] == (max_model_len, revision):
+            return last[5]
         expected, bound = self.outputs.expected(facts, max_model_len)
-        return Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
+        demand = Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
+        self._last_demand = (facts, hashes, pool, max_model_len, revision, demand)
+        return demand
 
     def fits(
         self, facts: RequestFacts, hashes: Hashes, now: float, *, leave_short_room: bool = False

@@ -1,4 +1,4 @@
-"""A long request leaves one short request's blocks free while short requests keep coming."""
+"""The capacity planner: short-request headroom for long requests, and plans that follow what is learned."""
 
 from __future__ import annotations
 
@@ -23,3 +23,15 @@ def test_a_long_request_leaves_the_last_short_ones_blocks_while_shorts_keep_comi
     assert planner.fits(candidate, (), 1.5)  # without the rule (a short request's own check)
     later = 1.0 + SHORT_HEADROOM_SECONDS + 0.1
     assert planner.fits(candidate, (), later, leave_short_room=True)  # the shorts stopped coming
+
+
+def test_a_request_asked_again_is_planned_with_what_was_learned_in_between() -> None:
+    """One decision asks for a request's plan several times; an answer learned in between must change it."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    request = RequestFacts(prompts=(100,), max_output_tokens=900, exact=True, route="/v1/completions")
+    before = planner.demand(request, ())
+    assert before is not None and before.expected_output == 900  # nothing learned: the client's bound
+    assert planner.demand(request, ()) is before  # asked again at once: the same plan
+    planner.outputs.record(request.route, request.model, 40)
+    after = planner.demand(request, ())
+    assert after is not None and after.expected_output == 100  # 40 x 2.5 after one answer
