@@ -30,8 +30,10 @@ def test_a_request_asked_again_is_planned_with_what_was_learned_in_between() -> 
     planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
     request = RequestFacts(prompts=(100,), max_output_tokens=900, exact=True, route="/v1/completions")
     before = planner.demand(request, ())
-    assert before is not None and before.expected_output == 900  # nothing learned: the client's bound
+    assert before is not None
+    assert before.expected_output == 900  # nothing learned: the client's bound
     assert planner.demand(request, ()) is before  # asked again at once: the same plan
     planner.outputs.record(request.route, request.model, 40)
     after = planner.demand(request, ())
-    assert after is not None and after.expected_output == 100  # 40 x 2.5 after one answer
+    assert after is not None
+    assert after.expected_output == 100  # 40 x 2.5 after one answer
