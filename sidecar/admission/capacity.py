@@ -167,7 +167,7 @@ class Holding:
     admitted_at: float = 0.0  # the sidecar's clock at admission
     started_high: float | None = None  # the step count at the first scrape that showed it running
     generated: int = 0  # tokens seen streaming back (per sequence), exact
-    _peak: tuple[int, int] | None = None  # (block size, private blocks at the expected peak), once computed
+    _peak: tuple[int, int] | None = field(default=None, init=False, repr=False)  # (block size, blocks)
 
     def peak_blocks(self, block_size: int) -> int:
         """Private blocks at its expected peak while it has not run past its expectation (kept once asked)."""

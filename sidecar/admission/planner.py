@@ -78,8 +78,7 @@ class CapacityPlanner:
         if pool is None or max_model_len is None:
             return None
         revision, last = self.outputs.revision, self._last_demand  # one decision asks three times
-        same = last is not None and last[0] is facts and last[1] is hashes and last[2] is pool
-        if same and last is not None and last[3:5] == (max_model_len, revision):
+        if last is not None and last[:3] == (facts, hashes, pool) and last[3:5] == (max_model_len, revision):
             return last[5]
         expected, bound = self.outputs.expected(facts, max_model_len)
         demand = Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
