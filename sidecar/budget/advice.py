@@ -45,8 +45,8 @@ def _fp8_caveat(gpu_id: str) -> str | None:
 
 
 def _more_gpus(request: PlanRequest, ledger: Ledger) -> list[Option]:
-    """Tensor-parallel sizes vLLM accepts, when the weights alone overfill one card."""
-    if ledger.weights_bytes < request.gpu_memory_bytes * request.effective_gpu_memory_utilization:
+    """Tensor-parallel sizes vLLM accepts, when the weights vLLM loads alone overfill one card."""
+    if ledger.profile["weights"] < request.gpu_memory_bytes * request.effective_gpu_memory_utilization:
         return []
     for size in (2, 4, 8):
         if size <= request.tensor_parallel_size or request.architecture.num_attention_heads % size:

@@ -21,17 +21,11 @@ request. ``--kv-cache-memory-bytes`` and
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent is replicated). Memory figures are per GPU; token counts are per engine.
 
-**Activation** (``activation_bytes``): vLLM's profile run pushes a dummy batch of
-``T = max_num_batched_tokens`` tokens over ``R = min(max_num_seqs, T)`` sequences (the flags, else
-``vllm serve``'s defaults for the GPU and release) and samples one row per sequence. The estimate is
-the largest set of tensors alive at once in one decoder layer while the batch goes through it, plus
-the sampler's logits: ``T x (4 x hidden + 3 x intermediate / tp) x 2 bytes + R x vocab x 4 bytes``.
-In the MLP, the gate/up output (2 x intermediate) and the activated product (1 x intermediate)
-live together; around them the residual stream, its normed copy, the attention output and the
-MLP output take one hidden-size row each. Activations are bf16/fp16 whatever the weights are;
-logits are fp32 and only computed for the last token of each sequence. For MoE layers the
-intermediate size is that of the experts a token visits. It is an estimate of the profiled peak
-(±50%); pass ``activation_bytes`` explicitly to use a measured figure.
+**Weights and activation as vLLM profiles them** live in :mod:`sidecar.budget.profile`: vLLM's view
+subtracts the weights as loaded (quantisation leaves embeddings and LM head 16-bit; MXFP4 experts are
+padded to the kernel's tiles) and the profile's torch peak (the larger of the forward and sampler passes,
+plus MoE workspaces), while the seeds' ledger keeps the paper figures (every parameter at the dtype's
+bytes) beside the seeds' activation default when one is given.
 
 **Verdict**: ``does-not-fit`` when the total exceeds GPU memory or vLLM could not fit one
 full-length request (it refuses to start); ``tight`` when it fits on paper with under 10%
@@ -54,7 +48,8 @@ from sidecar.budget.dtypes import (
     normalise_dtype,
     weight_bytes_per_param,
 )
-from sidecar.budget.parameters import expert_parameter_count, parameter_count
+from sidecar.budget.parameters import parameter_count
+from sidecar.budget.profile import estimate_activation_bytes, loaded_weights_per_gpu, paper_weights_per_gpu
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB
@@ -65,8 +60,6 @@ DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
 TIGHT_HEADROOM_FRACTION: Final = 0.10
 """Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
-ACTIVATION_ELEMENT_BYTES: Final = 2
-LOGIT_ELEMENT_BYTES: Final = 4
 
 
 class Verdict(StrEnum):
@@ -224,14 +217,6 @@ class Ledger:
         return self.gpu_memory_bytes - self.total_bytes
 
 
-def _weight_bytes(request: PlanRequest, params: int) -> float:
-    dtype = request.effective_weight_dtype
-    if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
-        experts = expert_parameter_count(request.architecture)
-        return experts * weight_bytes_per_param("mxfp4") + (params - experts) * weight_bytes_per_param("bf16")
-    return params * weight_bytes_per_param(dtype)
-
-
 def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
     arch = request.architecture
     served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
@@ -260,21 +245,6 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
         chunk = request.effective_batch[0]
         return min(full_blocks, math.ceil(min(window - 1 + chunk, length) / block) + 1)
     return full_blocks
-
-
-def estimate_activation_bytes(request: PlanRequest) -> int:
-    """The activation peak: an explicit figure, the seeds' default, or the batch-size estimate."""
-    if request.activation_bytes is not None:
-        return request.activation_bytes
-    tokens, seqs = request.effective_batch
-    arch = request.architecture
-    intermediate = arch.intermediate_size
-    if arch.moe is not None:
-        intermediate = arch.moe.experts_per_token * arch.moe.expert_intermediate_size
-        intermediate += arch.moe.shared_intermediate_size
-    per_token = 4 * arch.hidden_size + 3 * intermediate // request.tensor_parallel_size
-    rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
-    return tokens * per_token * ACTIVATION_ELEMENT_BYTES + rows * arch.vocab_size * LOGIT_ELEMENT_BYTES
 
 
 def _notes(request: PlanRequest, max_concurrency: float) -> tuple[str, ...]:
@@ -309,7 +279,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
     per_sequence = sum(per_layer * _tokens_held(kind, arch.sliding_window, length) for kind in kinds)
     params = parameter_count(arch)
-    weights = round(_weight_bytes(request, params) / request.tensor_parallel_size)
+    weights = paper_weights_per_gpu(request, params)
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
     total = weights + round(kv_total) + activation + request.overhead_bytes
@@ -317,7 +287,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     tokens, seqs = request.effective_batch
     profile = {
         "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
-        "weights": weights,
+        "weights": loaded_weights_per_gpu(request, params),
         "activation": activation,
         "non_torch": request.release.non_torch_bytes(request.tensor_parallel_size)
         if request.non_torch_bytes is None

@@ -58,7 +58,7 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
 def computed_parameter_count(arch: Architecture) -> int:
     """Total parameters of the language model described by ``arch``."""
     hidden = arch.hidden_size
-    embeddings = arch.vocab_size * hidden * (1 if arch.tie_word_embeddings else 2)
+    embeddings = embedding_parameter_count(arch)
     norm = 2 * hidden if arch.norm_bias else hidden
     norms_per_layer = 4 * hidden if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
     layers = sum(
@@ -71,6 +71,11 @@ def computed_parameter_count(arch: Architecture) -> int:
 def parameter_count(arch: Architecture) -> int:
     """The measured parameter count when the weight files gave one, else the computed one."""
     return arch.parameter_count if arch.parameter_count is not None else computed_parameter_count(arch)
+
+
+def embedding_parameter_count(arch: Architecture) -> int:
+    """Parameters of the token embeddings and the LM head (one matrix when tied)."""
+    return arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
 
 
 def expert_parameter_count(arch: Architecture) -> int:

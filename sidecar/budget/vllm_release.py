@@ -28,8 +28,10 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   They size the profile's dummy batch (the activation peak) and the sampler's rows. Before 0.8 (the V0
   engine's ``SchedulerConfig``) the batch is ``max(max_model_len, 2048)`` tokens unless chunked prefill
   is on (automatically above 32K), over 256 sequences.
-* **Non-torch memory** grows by about 2.5 GiB per GPU at TP >= 2 from 0.11 (a figure measured on the
-  calibration table, not read in source: :data:`TENSOR_PARALLEL_NON_TORCH_BYTES`).
+* **Non-torch memory** is about 0.25 GiB per GPU at TP 1 and grows by about 1.8 GiB at TP >= 2 from 0.11
+  (NCCL and custom all-reduce buffers): figures read off the "non-torch forward increase memory" that the
+  calibration table's vLLM 0.19 logs print, not derived from source (:data:`NON_TORCH_BYTES`,
+  :data:`TENSOR_PARALLEL_NON_TORCH_BYTES`).
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ from sidecar.units import GIB, MIB
 
 NEWEST_MODELLED: Final = "0.32.0"
 """The newest vLLM release whose start-up rules were read (the default when the engine cannot say)."""
-NON_TORCH_BYTES: Final = 512 * MIB
-"""Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces)."""
-TENSOR_PARALLEL_NON_TORCH_BYTES: Final = 5 * GIB // 2
-"""What TP >= 2 adds from 0.11 (communication buffers allocated during the profile): the gap between the
-calibration table's TP 2 and TP 4 rows of vLLM 0.19 on H100 (2.4-2.8 GiB) and its TP 1 rows (within 1%)."""
+NON_TORCH_BYTES: Final = 256 * MIB
+"""Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces): the
+"non-torch forward increase memory" vLLM 0.19 logs on the calibration table's TP 1 rows (0.24-0.27 GiB)."""
+TENSOR_PARALLEL_NON_TORCH_BYTES: Final = 1850 * MIB
+"""What TP >= 2 adds from 0.11 (NCCL and custom all-reduce buffers allocated during the profile): the same
+log line reads 2.06-2.07 GiB at TP 2 and 2.13 GiB at TP 4 on the table's vLLM 0.19 H100 rows."""
 DEFAULT_CUDA_GRAPH_BYTES: Final = 512 * MIB
 """CUDA-graph memory when not measured: about the median estimate in the calibration logs (0.3-0.65 GiB)."""
 

@@ -24,9 +24,10 @@ from sidecar.units import GIB
 
 DATA = Path(__file__).parents[1] / "data"
 ROWS: list[dict[str, Any]] = json.loads((DATA / "vllm-startup-logs" / "calibration.json").read_text())
-BOUNDS = {"median": 0.015, "p90": 0.20, "worst": 2.0}
+BOUNDS = {"median": 0.005, "p90": 0.09, "worst": 0.70}
 """Today's figures, rounded up: a change that makes predictions worse fails. The targets (3%, 10%, 20%) are
-met for the median only; the README lists the rows beyond them and why (issue 12 stays open for them)."""
+met for the median and p90; the worst is two gpt-oss-20b rows on an L4 (the README says what is known of
+them; issue 12 stays open for them)."""
 
 
 def excluded(row: dict[str, Any]) -> str | None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import PlanRequest, Verdict, advise, architecture_from_config, build_ledger, resolve_model
-from sidecar.budget.ledger import TIGHT_HEADROOM_FRACTION, estimate_activation_bytes
+from sidecar.budget.ledger import TIGHT_HEADROOM_FRACTION
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, VllmRelease
 from sidecar.errors import UsageError
-from sidecar.units import GIB, MIB
+from sidecar.units import GIB
 from tests.fake_vllm import TINY_CONFIG
 
 TINY = TINY_CONFIG
@@ -175,31 +175,6 @@ def test_sliding_window_blocks_per_request_follow_vllm() -> None:
     blocks_per_layer_avg = (full_blocks + sliding_blocks) / 2
     num_blocks = ledger.kv_pool_tokens // 16
     assert ledger.max_concurrency == round(num_blocks / blocks_per_layer_avg, 2)
-
-
-def test_activation_default_and_estimate() -> None:
-    arch = resolve_model("llama-3-8b")
-    # a 24 GiB card: vllm serve's 2048 tokens over 256 sequences (vllm/engine/arg_utils.py get_batch_defaults)
-    default = 2048 * (4 * 4096 + 3 * 14336) * 2 + 256 * 128256 * 4
-    assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB)) == default
-    assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB, activation_bytes=123)) == 123
-    small = estimate_activation_bytes(
-        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=2048, max_num_seqs=8)
-    )
-    large = estimate_activation_bytes(
-        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=8192, max_num_seqs=8)
-    )
-    assert small == 2048 * (4 * 4096 + 3 * 14336) * 2 + 8 * 128256 * 4
-    assert large > 3.9 * (small - 8 * 128256 * 4)
-    # seed 001 §3.4: 512-token chunks keep the prefill peak at hundreds of MB; a 32K prefill takes GBs
-    chunked = estimate_activation_bytes(
-        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=512, max_num_seqs=4)
-    )
-    whole = estimate_activation_bytes(
-        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=32768, max_num_seqs=4)
-    )
-    assert 10 * MIB < chunked < 500 * MIB
-    assert whole > 3 * GIB
 
 
 def _request_with_headroom(fraction: float) -> PlanRequest:

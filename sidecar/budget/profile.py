@@ -1,0 +1,156 @@
+"""vLLM's start-up profile, term by term: the weights it loads and the activation peak it measures.
+
+Theory of operation
+-------------------
+vLLM sizes its KV pool from what its profile run leaves (:mod:`sidecar.budget.ledger`). Two of the terms
+it subtracts depend on the model, and this module computes them; each rule names where it was read.
+
+**Loaded weights** (``loaded_weights_per_gpu``) are not the seeds' "parameters x bytes":
+
+* fp8, int8 and int4 (AWQ, GPTQ) quantise linear layers only. Their ``get_quant_method`` returns a
+  quantised method for ``LinearBase`` (and MoE experts) and the unquantised one for the token embeddings
+  and, unless the checkpoint says otherwise, the LM head (``vllm/model_executor/layers/quantization/
+  fp8.py``, ``auto_awq.py``; read in 0.32.0). On the calibration table, Llama-3.1-8B with
+  ``--quantization fp8`` logs 8.49 GiB of weights: 8.46 this way, 7.48 on paper.
+* MXFP4 experts (gpt-oss) are stored padded to the MoE kernel's tiles: hidden size to a multiple of
+  256, each GPU's expert width to 128 (Marlin: ``Mxfp4MoEMethod.create_weights``, "the moe marlin kernel
+  requires that for each linear n % 256 == 0 and k % 128 == 0", read at vllm-project/vllm@007d500;
+  ``mxfp4_round_up_hidden_size_and_intermediate_size`` in ``fused_moe/oracle/mxfp4.py``, 0.32.0).
+  gpt-oss-120b at TP 4 on A100 logs 17.22 GiB (17.13 padded, 15.17 unpadded); gpt-oss-20b at TP 2 on
+  H100, which takes the Triton path, logs 7.01 GiB (7.05 padded, 6.40 unpadded).
+
+**The activation peak** (``estimate_activation_bytes``): ``profile_run`` pushes a dummy batch of
+``T = max_num_batched_tokens`` tokens over ``R = min(max_num_seqs, T)`` sequences through the model
+(``_dummy_run``), then samples one row per sequence (``_dummy_sampler_run``, on the last pipeline
+stage; ``vllm/v1/worker/gpu_model_runner.py``). The forward's intermediates are freed before the
+sampler runs, so the torch peak is the larger of the two passes, not their sum:
+
+* forward: ``T x (2 x hidden + 3 x intermediate / tp)`` 16-bit elements, the residual stream and its
+  normed copy beside the MLP's gate/up output (2 x intermediate) and its activated product;
+* sampler: ``R x vocab x (2 + 3 x 4)`` bytes: the model's 16-bit logits, their float32 copy
+  (``Sampler.forward``), the probabilities and the exponential noise (``TopKTopPSampler``,
+  ``random_sample``), read in 0.32.0; the dummy run sets top-k and top-p, so the filtering path runs;
+* MoE layers work in two scratch buffers that vLLM keeps after the forward (``WorkspaceManager``,
+  ``vllm/v1/worker/workspace.py``), sized by the experts' ``workspace_shapes``
+  (``fused_moe/experts/triton_moe.py``, ``marlin_moe.py``, 0.32.0): ``moe_workspace_bytes``;
+* plus :data:`PROFILE_WORKSPACE_BYTES`, measured.
+
+Checked against the "torch peak memory increase" that vLLM 0.19 logs on the calibration table's
+H100 rows (``T`` 8192, ``R`` 1024): Llama-3.1-8B 1.89 GiB (this model: 1.89), Qwen2.5-7B 2.21 (2.21),
+Qwen3-8B 2.21 (2.21), Phi-4 1.52 (1.52), Gemma-2-9B 3.65 (3.60), Granite-3.3-8B 0.85 (0.89, the one
+forward-bound row), Qwen3-30B-A3B 2.68 (2.71, with its MoE workspace), gpt-oss-20b 2.87 (2.86); TP 2
+and TP 4 rows log the same peak as TP 1, as the sampler pass is not sharded. The V0 rows of vLLM 0.6.4
+are forward-bound (``T`` = ``max_model_len``) and land within 3-6%.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final
+
+from sidecar.budget.architecture import Architecture
+from sidecar.budget.dtypes import WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
+from sidecar.budget.parameters import embedding_parameter_count, expert_parameter_count
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+ACTIVATION_ELEMENT_BYTES: Final = 2
+"""Activations are 16-bit whatever the weights are (unless served in float32)."""
+QUANTISED_DTYPES: Final = frozenset({"fp8", "int8", "int4"})
+"""Weight dtypes vLLM applies to linear layers only (``get_quant_method`` of its fp8, AWQ, GPTQ configs)."""
+MXFP4_HIDDEN_ALIGNMENT: Final = 256
+MXFP4_INTERMEDIATE_ALIGNMENT: Final = 128
+"""Marlin's MXFP4 MoE tiles: each expert's hidden size padded to 256, its per-GPU intermediate size to 128."""
+LOGIT_ELEMENT_BYTES: Final = 4
+"""The sampler works in float32."""
+SAMPLER_FLOAT32_COPIES: Final = 3
+"""float32 tensors of ``R x vocab`` the sampler holds at once beside the model's logits: the float32 logits,
+the probabilities and the exponential noise (``Sampler.forward``, ``TopKTopPSampler``, vLLM 0.10-0.32)."""
+PROFILE_WORKSPACE_BYTES: Final = 184 * 1024 * 1024
+"""What every V1 profile on the calibration table shows beside its larger pass (0.18 GiB, +-0.01 on the six
+models whose sampler pass dominates): workspaces the first forward allocates and keeps, and the forward's
+hidden states, alive while the sampler runs. Measured, not read in source."""
+
+
+def _mxfp4_expert_bytes_per_gpu(arch: Architecture, tensor_parallel_size: int) -> float:
+    """MXFP4 experts on one GPU as vLLM stores them: padded to the MoE kernel's tiles."""
+    moe = arch.moe
+    if moe is None:
+        return 0.0
+    hidden = _round_up(arch.hidden_size, MXFP4_HIDDEN_ALIGNMENT)
+    per_gpu = math.ceil(moe.expert_intermediate_size / tensor_parallel_size)
+    intermediate = _round_up(per_gpu, MXFP4_INTERMEDIATE_ALIGNMENT)
+    per_layer = moe.num_experts * 3 * hidden * intermediate
+    return per_layer * (arch.num_layers - moe.dense_layers) * weight_bytes_per_param("mxfp4")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def paper_weights_per_gpu(request: PlanRequest, params: int) -> int:
+    """The seeds' weights on one GPU: every parameter at the dtype's bytes (MXFP4: the experts only)."""
+    dtype, tp = request.effective_weight_dtype, request.tensor_parallel_size
+    if dtype == "mxfp4":
+        experts = expert_parameter_count(request.architecture)
+        quantised = experts * weight_bytes_per_param("mxfp4")
+        return round((quantised + (params - experts) * weight_bytes_per_param("bf16")) / tp)
+    return round(params * weight_bytes_per_param(dtype) / tp)
+
+
+def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
+    """The weights one GPU holds once vLLM has loaded them (see the theory of operation)."""
+    arch, tp = request.architecture, request.tensor_parallel_size
+    dtype = request.effective_weight_dtype
+    unquantised = weight_bytes_per_param("bf16")
+    if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
+        experts = expert_parameter_count(arch)
+        return round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(arch, tp))
+    if dtype in QUANTISED_DTYPES:  # linear layers only: the embeddings and the LM head stay 16-bit
+        embeddings = min(params, embedding_parameter_count(arch))
+        return round(((params - embeddings) * weight_bytes_per_param(dtype) + embeddings * unquantised) / tp)
+    return paper_weights_per_gpu(request, params)
+
+
+def estimate_activation_bytes(request: PlanRequest) -> int:
+    """The profile's torch peak above the weights: an explicit figure, or the larger of its two passes.
+
+    The forward pass of ``T`` tokens peaks inside one decoder layer's MLP; the sampler pass then holds
+    ``R x vocab`` logits several times over. Both are freed between the passes, so the peak is the larger
+    one, plus the workspaces the first forward allocates (the theory of operation gives the sources).
+    """
+    if request.activation_bytes is not None:
+        return request.activation_bytes
+    tokens, seqs = request.effective_batch
+    arch, tp = request.architecture, request.tensor_parallel_size
+    element = ACTIVATION_ELEMENT_BYTES
+    if request.weight_dtype and normalise_dtype(request.weight_dtype) == "fp32":
+        element = round(WEIGHT_DTYPES["fp32"])  # --dtype float32: activations and logits are float32 too
+    mlp = 3 * arch.intermediate_size // tp if arch.moe is None else 0  # MoE layers work in the workspace
+    forward = tokens * (2 * arch.hidden_size + mlp) * element
+    rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
+    sampler = rows * arch.vocab_size * (element + SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES)
+    return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
+
+
+def moe_workspace_bytes(request: PlanRequest) -> int:
+    """The fused-MoE kernels' two scratch buffers for the profile's batch, which vLLM keeps after it.
+
+    Per token and routed expert: ``max(I, H) + max(2I, H)`` elements for the Triton experts
+    (``TritonExperts.workspace_shapes``), ``max(2I, H) + I`` for Marlin's MXFP4 experts
+    (``MarlinExperts.workspace_shapes``), with ``I`` the per-GPU expert size (padded for MXFP4); 0 for dense.
+    """
+    arch, moe = request.architecture, request.architecture.moe
+    if moe is None:
+        return 0
+    tokens = request.effective_batch[0]
+    hidden = arch.hidden_size
+    intermediate = math.ceil(moe.expert_intermediate_size / request.tensor_parallel_size)
+    if request.effective_weight_dtype == "mxfp4":
+        hidden = _round_up(hidden, MXFP4_HIDDEN_ALIGNMENT)
+        intermediate = _round_up(intermediate, MXFP4_INTERMEDIATE_ALIGNMENT)
+        per_expert = max(2 * intermediate, hidden) + intermediate
+    else:
+        per_expert = max(intermediate, hidden) + max(2 * intermediate, hidden)
+    return tokens * moe.experts_per_token * per_expert * ACTIVATION_ELEMENT_BYTES

@@ -1,0 +1,116 @@
+"""vLLM's profile terms at their boundaries: loaded weights, the activation peak, MoE workspaces, non-torch.
+
+Expected values are literals worked out from the model's dimensions (the comments show the arithmetic);
+the calibration table (``test_calibration.py``) checks the same terms against real start-up logs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, resolve_model
+from sidecar.budget.profile import estimate_activation_bytes, moe_workspace_bytes
+from sidecar.budget.vllm_release import VllmRelease
+from sidecar.units import GIB, MIB
+
+CONFIGS = Path(__file__).parents[1] / "data" / "hf-configs"
+WORKSPACE = 184 * MIB  # PROFILE_WORKSPACE_BYTES, measured on the calibration table
+LLAMA_SAMPLER_ROW = 128256 * (2 + 3 * 4)  # one sampler row: bf16 logits + float32 logits, probs, noise
+LLAMA_FORWARD_TOKEN = (2 * 4096 + 3 * 14336) * 2  # residual + normed copy + gate/up (2I) + product (I)
+
+
+def _config(name: str) -> PlanRequest:
+    return PlanRequest(architecture_from_config(json.loads((CONFIGS / name).read_text())), 80 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("case", "tokens", "seqs", "tp", "expected"),
+    [
+        # a 24 GiB card's vllm serve defaults (2048 tokens, 256 rows): the sampler pass is the larger
+        ("sampler-bound", None, None, 1, 256 * LLAMA_SAMPLER_ROW + WORKSPACE),
+        ("sampler-bound, not sharded by TP", None, None, 2, 256 * LLAMA_SAMPLER_ROW + WORKSPACE),
+        # few rows: the forward pass is the larger
+        ("forward-bound", 2048, 8, 1, 2048 * LLAMA_FORWARD_TOKEN + WORKSPACE),
+        ("forward-bound, MLP sharded by TP", 2048, 8, 2, 2048 * (2 * 4096 + 3 * 14336 // 2) * 2 + WORKSPACE),
+        ("forward grows with the batch", 8192, 8, 1, 8192 * LLAMA_FORWARD_TOKEN + WORKSPACE),
+        # the boundary: 2048 x 51200 x 2 bytes of forward = R x 1,795,584 bytes of sampler at R = 116.8
+        ("just forward-bound", 2048, 116, 1, 2048 * LLAMA_FORWARD_TOKEN + WORKSPACE),
+        ("just sampler-bound", 2048, 117, 1, 117 * LLAMA_SAMPLER_ROW + WORKSPACE),
+    ],
+)
+def test_the_activation_peak_is_the_larger_pass(
+    case: str, tokens: int | None, seqs: int | None, tp: int, expected: int
+) -> None:
+    arch = resolve_model("llama-3-8b")
+    request = PlanRequest(
+        arch, 24 * GIB, max_num_batched_tokens=tokens, max_num_seqs=seqs, tensor_parallel_size=tp
+    )
+    assert estimate_activation_bytes(request) == expected, case
+
+
+def test_a_measured_activation_figure_wins_and_chunking_bounds_the_estimate() -> None:
+    arch = resolve_model("llama-3-8b")
+    assert estimate_activation_bytes(PlanRequest(arch, 24 * GIB, activation_bytes=123)) == 123
+    # seed 001 §3.4: 512-token chunks keep the prefill peak at hundreds of MB; a 32K prefill takes GBs
+    chunked = estimate_activation_bytes(
+        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=512, max_num_seqs=4)
+    )
+    whole = estimate_activation_bytes(
+        PlanRequest(arch, 24 * GIB, max_num_batched_tokens=32768, max_num_seqs=4)
+    )
+    assert 10 * MIB < chunked < 500 * MIB
+    assert whole > 3 * GIB
+
+
+def test_float32_serving_doubles_the_forward_and_the_logits() -> None:
+    arch = resolve_model("llama-3-8b")
+    request = PlanRequest(arch, 24 * GIB, weight_dtype="fp32", max_num_batched_tokens=2048, max_num_seqs=8)
+    assert estimate_activation_bytes(request) == 2048 * (2 * 4096 + 3 * 14336) * 4 + WORKSPACE
+
+
+def test_moe_layers_work_in_the_experts_workspace() -> None:
+    # Qwen3-30B-A3B on H100 (8192 tokens): TritonExperts' two buffers, per token and routed expert
+    # max(I, H) + max(2I, H) = max(768, 2048) + max(1536, 2048) = 4096 bf16 elements, 8 experts a token
+    qwen = _config("Qwen--Qwen3-30B-A3B.json")
+    assert moe_workspace_bytes(qwen) == 8192 * 8 * 4096 * 2
+    # the sampler pass is the larger one (the MoE forward keeps only the residual and its normed copy)
+    assert estimate_activation_bytes(qwen) == 1024 * 151936 * 14 + 8192 * 8 * 4096 * 2 + WORKSPACE
+    # gpt-oss-20b on Marlin (MXFP4): max(2I, H) + I with I 2880 -> 2944 and H 2880 -> 3072, 4 experts a token
+    oss = _config("openai--gpt-oss-20b.json")
+    assert moe_workspace_bytes(PlanRequest(oss.architecture, 24 * GIB, max_num_batched_tokens=4096)) == (
+        4096 * 4 * (2 * 2944 + 2944) * 2
+    )
+    assert moe_workspace_bytes(PlanRequest(resolve_model("llama-3-8b"), 24 * GIB)) == 0  # dense
+
+
+@pytest.mark.parametrize(
+    ("dtype", "per_parameter"),
+    [("fp8", 1.0), ("int8", 1.0), ("int4", 0.55)],
+)
+def test_quantisation_leaves_the_embeddings_and_lm_head_in_16_bit(dtype: str, per_parameter: float) -> None:
+    arch = architecture_from_config(
+        json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.json").read_text())
+    )
+    ledger = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192, weight_dtype=dtype))
+    embeddings = 2 * 128256 * 4096  # untied: the token embeddings and the LM head
+    params = ledger.parameters
+    assert ledger.profile["weights"] == round((params - embeddings) * per_parameter + embeddings * 2)
+    assert ledger.weights_bytes == round(params * per_parameter)  # the seeds' paper figure is unchanged
+    bf16 = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192))
+    assert bf16.profile["weights"] == bf16.weights_bytes == params * 2
+
+
+@pytest.mark.parametrize(
+    ("version", "tp", "expected"),
+    [
+        ("0.19.0", 1, 256 * MIB),  # vLLM 0.19 logs 0.24-0.27 GiB at TP 1
+        ("0.19.0", 2, 256 * MIB + 1850 * MIB),  # 2.06-2.07 GiB at TP 2
+        ("0.19.0", 4, 256 * MIB + 1850 * MIB),  # 2.13 GiB at TP 4
+        ("0.10.1", 2, 256 * MIB),  # before 0.11 TP adds nothing the profile sees
+    ],
+)
+def test_non_torch_memory_by_release_and_tensor_parallel_size(version: str, tp: int, expected: int) -> None:
+    assert VllmRelease.parse(version).non_torch_bytes(tp) == expected
