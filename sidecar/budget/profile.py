@@ -127,11 +127,22 @@ def estimate_activation_bytes(request: PlanRequest) -> int:
     element = ACTIVATION_ELEMENT_BYTES
     if request.weight_dtype and normalise_dtype(request.weight_dtype) == "fp32":
         element = round(WEIGHT_DTYPES["fp32"])  # --dtype float32: activations and logits are float32 too
-    mlp = 3 * arch.intermediate_size // tp if arch.moe is None else 0  # MoE layers work in the workspace
-    forward = tokens * (2 * arch.hidden_size + mlp) * element
+    forward = tokens * (2 * arch.hidden_size + 3 * _dense_mlp_width(arch) // tp) * element
     rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
     sampler = rows * arch.vocab_size * (element + SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES)
     return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
+
+
+def _dense_mlp_width(arch: Architecture) -> int:
+    """The widest MLP the forward runs outside the MoE workspace.
+
+    That is the model's own, or for a MoE model its dense layers (DeepSeek's first ones) or its shared
+    experts; the routed experts work in :func:`moe_workspace_bytes`.
+    """
+    moe = arch.moe
+    if moe is None:
+        return arch.intermediate_size
+    return max(moe.shared_intermediate_size, arch.intermediate_size if moe.dense_layers else 0)
 
 
 def moe_workspace_bytes(request: PlanRequest) -> int:

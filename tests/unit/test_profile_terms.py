@@ -114,3 +114,17 @@ def test_quantisation_leaves_the_embeddings_and_lm_head_in_16_bit(dtype: str, pe
 )
 def test_non_torch_memory_by_release_and_tensor_parallel_size(version: str, tp: int, expected: int) -> None:
     assert VllmRelease.parse(version).non_torch_bytes(tp) == expected
+
+
+def test_a_moe_models_dense_layers_and_shared_experts_size_its_forward() -> None:
+    # DeepSeek-V3 at TP 8, 8 rows (forward-bound): its first three layers have an ordinary 18432-wide MLP,
+    # wider than its one shared expert (2048); the routed experts (2048 / 8 = 256 per GPU) are in the workspace
+    deepseek = _config("deepseek-ai--DeepSeek-V3.json")
+    request = PlanRequest(
+        deepseek.architecture, 80 * GIB, tensor_parallel_size=8, max_num_batched_tokens=8192, max_num_seqs=8
+    )
+    workspace = 8192 * 8 * (max(256, 7168) + max(512, 7168)) * 2
+    assert moe_workspace_bytes(request) == workspace
+    assert (
+        estimate_activation_bytes(request) == 8192 * (2 * 7168 + 3 * 18432 // 8) * 2 + workspace + WORKSPACE
+    )
