@@ -38,7 +38,7 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
 Checked against the "torch peak memory increase" that vLLM 0.19 logs on the calibration table's
 H100 rows (``T`` 8192, ``R`` 1024): Llama-3.1-8B 1.89 GiB (this model: 1.89), Qwen2.5-7B 2.21 (2.21),
 Qwen3-8B 2.21 (2.21), Phi-4 1.52 (1.52), Gemma-2-9B 3.65 (3.60), Granite-3.3-8B 0.85 (0.89, the one
-forward-bound row), Qwen3-30B-A3B 2.68 (2.71, with its MoE workspace), gpt-oss-20b 2.87 (2.86); TP 2
+forward-bound row), Qwen3-30B-A3B 2.68 (2.71, with its MoE workspace), gpt-oss-20b 2.87 (2.96, with the Triton experts' workspace); TP 2
 and TP 4 rows log the same peak as TP 1, as the sampler pass is not sharded. The V0 rows of vLLM 0.6.4
 are forward-bound (``T`` = ``max_model_len``) and land within 3-6%.
 """
@@ -62,6 +62,8 @@ QUANTISED_DTYPES: Final = frozenset({"fp8", "int8", "int4"})
 MXFP4_HIDDEN_ALIGNMENT: Final = 256
 MXFP4_INTERMEDIATE_ALIGNMENT: Final = 128
 """Marlin's MXFP4 MoE tiles: each expert's hidden size padded to 256, its per-GPU intermediate size to 128."""
+HOPPER_OR_BLACKWELL_NAMES: Final = ("h100", "h200", "h800", "h20", "gh200", "b100", "b200", "gb200", "b300")
+"""GPU names of compute capability 9.0-10.x (see ``_runs_openai_triton_kernels``)."""
 LOGIT_ELEMENT_BYTES: Final = 4
 """The sampler works in float32."""
 SAMPLER_FLOAT32_COPIES: Final = 3
@@ -133,6 +135,17 @@ def estimate_activation_bytes(request: PlanRequest) -> int:
     return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
 
 
+def _runs_openai_triton_kernels(gpu_name: str) -> bool:
+    """Whether vLLM runs MXFP4 experts with OpenAI's Triton kernels rather than Marlin on this GPU.
+
+    ``get_mxfp4_backend`` takes them on compute capability 9.0 to 10.x ("only confirmed to work on SM90
+    and SM100") and Marlin below (vllm-project/vllm@007d500 ``quantization/mxfp4.py``); the GPU is known
+    here by name only, so Hopper and data-centre Blackwell names select them.
+    """
+    name = gpu_name.lower()
+    return any(part in name for part in HOPPER_OR_BLACKWELL_NAMES)
+
+
 def _dense_mlp_width(arch: Architecture) -> int:
     """The widest MLP the forward runs outside the MoE workspace.
 
@@ -150,7 +163,9 @@ def moe_workspace_bytes(request: PlanRequest) -> int:
 
     Per token and routed expert: ``max(I, H) + max(2I, H)`` elements for the Triton experts
     (``TritonExperts.workspace_shapes``), ``max(2I, H) + I`` for Marlin's MXFP4 experts
-    (``MarlinExperts.workspace_shapes``), with ``I`` the per-GPU expert size (padded for MXFP4); 0 for dense.
+    (``MarlinExperts.workspace_shapes``) and ``I`` for OpenAI's Triton MXFP4 experts on Hopper and Blackwell
+    (``OAITritonExperts.workspace_shapes``), with ``I`` the per-GPU expert size (padded for MXFP4);
+    0 for dense models.
     """
     arch, moe = request.architecture, request.architecture.moe
     if moe is None:
@@ -161,7 +176,10 @@ def moe_workspace_bytes(request: PlanRequest) -> int:
     if request.effective_weight_dtype == "mxfp4":
         hidden = _round_up(hidden, MXFP4_HIDDEN_ALIGNMENT)
         intermediate = _round_up(intermediate, MXFP4_INTERMEDIATE_ALIGNMENT)
-        per_expert = max(2 * intermediate, hidden) + intermediate
+        if _runs_openai_triton_kernels(request.gpu):  # OAITritonExperts: one buffer of the activated output
+            per_expert = intermediate
+        else:
+            per_expert = max(2 * intermediate, hidden) + intermediate
     else:
         per_expert = max(intermediate, hidden) + max(2 * intermediate, hidden)
     return tokens * moe.experts_per_token * per_expert * ACTIVATION_ELEMENT_BYTES

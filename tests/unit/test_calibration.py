@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.budget import PlanRequest, architecture_from_config, build_ledger
+from sidecar.budget import Ledger, PlanRequest, architecture_from_config, build_ledger
 from sidecar.budget.architecture import LayerKind
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.units import GIB
@@ -59,8 +59,8 @@ class Prediction:
         return (self.tokens - self.logged_tokens) / self.logged_tokens
 
 
-def predict(row: dict[str, Any]) -> Prediction:
-    """Plan ``row`` with the settings its log states."""
+def plan(row: dict[str, Any]) -> Ledger:
+    """The ledger of ``row``, planned with the settings its log states."""
     arch = architecture_from_config(json.loads((DATA / "hf-configs" / row["config"]).read_text()))
     release = VllmRelease.parse(row["vllm_version"] or "0.32.0")
     weight = (
@@ -74,7 +74,13 @@ def predict(row: dict[str, Any]) -> Prediction:
         enforce_eager=bool(row.get("enforce_eager")), max_num_batched_tokens=row.get("max_num_batched_tokens"),
         max_num_seqs=row.get("max_num_seqs"), block_size=row.get("block_size") or 16,
     )  # fmt: skip
-    ledger = build_ledger(request)
+    return build_ledger(request)
+
+
+def predict(row: dict[str, Any]) -> Prediction:
+    """Plan ``row`` and compare the pool and concurrency with what its log printed."""
+    ledger = plan(row)
+    request, arch, release = ledger.request, ledger.request.architecture, ledger.request.release
     tokens = ledger.kv_pool_tokens
     if (
         release.at_least(22) and LayerKind.SLIDING in arch.layer_kinds
@@ -121,3 +127,27 @@ def test_pool_and_concurrency_errors_are_bounded() -> None:
 @pytest.mark.parametrize("row", PLANNED, ids=[r["id"] for r in PLANNED])
 def test_every_planned_row_predicts_a_pool(row: dict[str, Any]) -> None:
     assert predict(row).tokens > 0
+
+
+TERMS = {
+    # (profile term, the row field holding what the log printed, bound on |predicted - logged| in GiB)
+    "weights": ("weights_gib", 0.12),
+    "activation": ("torch_peak_increase_gib", 0.10),
+    "non_torch": ("non_torch_gib", 0.25),
+}
+"""Each profile term against the log line that prints it ("Model loading took", "torch peak memory
+increase", "non-torch forward increase memory"), so a term that drifts fails here even when the pool
+still comes out right because another term drifted the other way (as activation and non-torch did)."""
+
+
+@pytest.mark.parametrize("term", sorted(TERMS))
+def test_each_profile_term_matches_the_log_line_that_prints_it(term: str) -> None:
+    field, bound = TERMS[term]
+    misses = []
+    rows = [r for r in PLANNED if r.get(field) is not None]
+    for row in rows:
+        predicted = plan(row).profile[term] / GIB
+        if abs(predicted - row[field]) > bound:
+            misses.append(f"{row['id']}: predicted {predicted:.2f} GiB, logged {row[field]:.2f}")
+    assert len(rows) >= 5, f"too few rows print {field}"
+    assert not misses, misses

@@ -83,6 +83,9 @@ def test_moe_layers_work_in_the_experts_workspace() -> None:
     assert moe_workspace_bytes(PlanRequest(oss.architecture, 24 * GIB, max_num_batched_tokens=4096)) == (
         4096 * 4 * (2 * 2944 + 2944) * 2
     )
+    # on an H100 vLLM takes OpenAI's Triton kernels instead: one buffer of I per token and expert (TP 2: 1536)
+    h100 = PlanRequest(oss.architecture, 80 * GIB, gpu="NVIDIA H100 80GB", tensor_parallel_size=2)
+    assert moe_workspace_bytes(h100) == 8192 * 4 * 1536 * 2
     assert moe_workspace_bytes(PlanRequest(resolve_model("llama-3-8b"), 24 * GIB)) == 0  # dense
 
 
