@@ -38,8 +38,9 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
 Checked against the "torch peak memory increase" that vLLM 0.19 logs on the calibration table's
 H100 rows (``T`` 8192, ``R`` 1024): Llama-3.1-8B 1.89 GiB (this model: 1.89), Qwen2.5-7B 2.21 (2.21),
 Qwen3-8B 2.21 (2.21), Phi-4 1.52 (1.52), Gemma-2-9B 3.65 (3.60), Granite-3.3-8B 0.85 (0.89, the one
-forward-bound row), Qwen3-30B-A3B 2.68 (2.71, with its MoE workspace), gpt-oss-20b 2.87 (2.96, with the Triton experts' workspace); TP 2
-and TP 4 rows log the same peak as TP 1, as the sampler pass is not sharded. The V0 rows of vLLM 0.6.4
+forward-bound row), Qwen3-30B-A3B 2.68 (2.71, with its MoE workspace), gpt-oss-20b 2.87 (2.96, with the
+Triton experts' workspace); TP 2 and TP 4 rows log the same peak as TP 1, as the sampler pass is not
+sharded. ``test_calibration.py`` bounds each term against its log line. The V0 rows of vLLM 0.6.4
 are forward-bound (``T`` = ``max_model_len``) and land within 3-6%.
 """
 
