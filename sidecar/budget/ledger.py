@@ -58,6 +58,8 @@ DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
+LOADED_WEIGHTS_NOTE_FRACTION: Final = 0.01
+"""A note says so when vLLM loads weights differing from the paper figure by more than this share."""
 TIGHT_HEADROOM_FRACTION: Final = 0.10
 """Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
 
@@ -247,8 +249,16 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     return full_blocks
 
 
-def _notes(request: PlanRequest, max_concurrency: float) -> tuple[str, ...]:
+def _notes(request: PlanRequest, max_concurrency: float, weights: tuple[int, int]) -> tuple[str, ...]:
     notes: list[str] = []
+    paper, loaded = weights
+    if paper and abs(loaded - paper) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
+        why = (
+            "MXFP4 experts padded to the kernel's tiles"
+            if request.effective_weight_dtype == "mxfp4"
+            else ("embeddings and LM head stay 16-bit")
+        )
+        notes.append(f"vLLM loads {loaded / GIB:.2f} GiB of weights per GPU, not {paper / GIB:.2f}: {why}")
     arch = request.architecture
     length = request.effective_max_model_len
     if arch.max_position_embeddings and length > arch.max_position_embeddings:
@@ -332,7 +342,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
         kv_pool_tokens=num_blocks * request.block_size,
         max_concurrency=max_concurrency,
         verdict=verdict,
-        notes=_notes(request, max_concurrency),
+        notes=_notes(request, max_concurrency, (weights, profile["weights"])),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),
     )

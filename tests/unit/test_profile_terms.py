@@ -104,6 +104,9 @@ def test_quantisation_leaves_the_embeddings_and_lm_head_in_16_bit(dtype: str, pe
     assert ledger.weights_bytes == round(params * per_parameter)  # the seeds' paper figure is unchanged
     bf16 = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=8192))
     assert bf16.profile["weights"] == bf16.weights_bytes == params * 2
+    # plan says why its two weight figures differ, and says nothing when they agree
+    assert any(n.startswith("vLLM loads") and "embeddings and LM head stay 16-bit" in n for n in ledger.notes)
+    assert not any(n.startswith("vLLM loads") for n in bf16.notes)
 
 
 @pytest.mark.parametrize(
