@@ -253,11 +253,8 @@ def _notes(request: PlanRequest, max_concurrency: float, weights: tuple[int, int
     notes: list[str] = []
     paper, loaded = weights
     if paper and abs(loaded - paper) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
-        why = (
-            "MXFP4 experts padded to the kernel's tiles"
-            if request.effective_weight_dtype == "mxfp4"
-            else ("embeddings and LM head stay 16-bit")
-        )
+        mxfp4 = request.effective_weight_dtype == "mxfp4"
+        why = "MXFP4 experts padded to the kernel's tiles" if mxfp4 else "embeddings and LM head stay 16-bit"
         notes.append(f"vLLM loads {loaded / GIB:.2f} GiB of weights per GPU, not {paper / GIB:.2f}: {why}")
     arch = request.architecture
     length = request.effective_max_model_len

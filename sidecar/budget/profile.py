@@ -76,14 +76,20 @@ models whose sampler pass dominates): workspaces the first forward allocates and
 hidden states, alive while the sampler runs. Measured, not read in source."""
 
 
+def _mxfp4_padded_sizes(hidden_size: int, expert_width: int, tensor_parallel_size: int) -> tuple[int, int]:
+    """``(hidden, per-GPU expert width)`` of MXFP4 experts as vLLM stores them: padded to its tiles."""
+    per_gpu = math.ceil(expert_width / tensor_parallel_size)
+    return _round_up(hidden_size, MXFP4_HIDDEN_ALIGNMENT), _round_up(per_gpu, MXFP4_INTERMEDIATE_ALIGNMENT)
+
+
 def _mxfp4_expert_bytes_per_gpu(arch: Architecture, tensor_parallel_size: int) -> float:
-    """MXFP4 experts on one GPU as vLLM stores them: padded to the MoE kernel's tiles."""
+    """MXFP4 experts on one GPU as vLLM stores them (see :func:`_mxfp4_padded_sizes`)."""
     moe = arch.moe
     if moe is None:
         return 0.0
-    hidden = _round_up(arch.hidden_size, MXFP4_HIDDEN_ALIGNMENT)
-    per_gpu = math.ceil(moe.expert_intermediate_size / tensor_parallel_size)
-    intermediate = _round_up(per_gpu, MXFP4_INTERMEDIATE_ALIGNMENT)
+    hidden, intermediate = _mxfp4_padded_sizes(
+        arch.hidden_size, moe.expert_intermediate_size, tensor_parallel_size
+    )
     per_layer = moe.num_experts * 3 * hidden * intermediate
     return per_layer * (arch.num_layers - moe.dense_layers) * weight_bytes_per_param("mxfp4")
 
@@ -175,8 +181,9 @@ def moe_workspace_bytes(request: PlanRequest) -> int:
     hidden = arch.hidden_size
     intermediate = math.ceil(moe.expert_intermediate_size / request.tensor_parallel_size)
     if request.effective_weight_dtype == "mxfp4":
-        hidden = _round_up(hidden, MXFP4_HIDDEN_ALIGNMENT)
-        intermediate = _round_up(intermediate, MXFP4_INTERMEDIATE_ALIGNMENT)
+        hidden, intermediate = _mxfp4_padded_sizes(
+            arch.hidden_size, moe.expert_intermediate_size, request.tensor_parallel_size
+        )
         if _runs_openai_triton_kernels(request.gpu):  # OAITritonExperts: one buffer of the activated output
             per_expert = intermediate
         else:
