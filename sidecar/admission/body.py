@@ -47,7 +47,10 @@ _SPACE = (  # Unicode White_Space, what pydantic-core (Rust's str::trim) strips;
     " \t\n\x0b\x0c\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
     "\u2028\u2029\u202f\u205f\u3000"
 )
-_INTEGER_TEXT = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?\Z")
+_INTEGER_TEXT = re.compile(r"[+-]?(?:0[0_]*(?:(?<=0)|[1-9](?:_?[0-9])*)|[1-9](?:_?[0-9])*)(?:\.0+)?\Z")
+"""Digits with single underscores between them, as Python reads them, except that pydantic-core first strips
+a leading run of zeros and underscores: ``"0__0"`` is 0 and ``"0__1_2"`` is 12, ``"0_"`` and ``"1__2"`` are
+refused (pydantic 2.14.4, the version vLLM 0.32.0's environment here has)."""
 
 
 def coerce_int(value: Any) -> int:
