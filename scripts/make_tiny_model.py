@@ -5,6 +5,10 @@ Run with the vLLM environment's python (it has torch, transformers and tokenizer
 about 0.7 MB and is never committed. Shape: 2 layers, hidden 128, 2 attention heads, 1 KV head,
 head_dim 64 (the CPU attention kernels need 64), intermediate 256, vocab 512, bf16: 512 bytes of KV
 per token (2 x 1 x 64 x 2 bytes x 2 layers).
+
+``--hybrid`` makes the same shape a Llama whose second layer attends to a 128-token sliding window
+(``layer_types``, as Gemma and gpt-oss configs spell it): vLLM gives it two KV cache groups. Qwen2 is not
+used for it because vLLM's Qwen2 refuses per-layer windows.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 CORPUS = [
     "A GPU that holds a model's weights may still not hold four long requests at once.",
@@ -50,22 +54,25 @@ def main() -> None:
         tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
     )
     fast.save_pretrained(out)
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
+    shape = {
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
+    if "--hybrid" in sys.argv[2:]:
+        hybrid = LlamaConfig(**shape, sliding_window=128, layer_types=["full_attention", "sliding_attention"])
+        LlamaForCausalLM(hybrid).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    else:
+        Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     print(out)
 
 

@@ -39,8 +39,9 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
 from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
+from sidecar.monitor.pool import admission_pool
 from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
-from sidecar.server.admin import build_admin_app
+from sidecar.server.admin import build_admin_app, fallback_reason
 from sidecar.server.connection import HeadDeadline, head_middleware, serve_guarded
 from sidecar.server.gateway import GatewayPage, current_load
 from sidecar.server.lifecycle import Lifecycle
@@ -56,13 +57,6 @@ from sidecar.server.metrics import (
 from sidecar.server.proxy import Proxy, ProxySettings
 from sidecar.settings import ADMIN_LISTEN, DRAIN_TIMEOUT_SECONDS, LISTEN, ClientLimits
 from sidecar.signals import EngineSnapshot
-from sidecar.signals.kinds import EngineKind
-
-
-def usable_blocks(num_gpu_blocks: int) -> int:
-    """Blocks requests can hold: vLLM keeps one null block (``BlockPool.get_usage`` divides by n - 1)."""
-    return max(1, num_gpu_blocks - 1)
-
 
 DRAIN_POLL_SECONDS = 0.05
 KEEPALIVE_SECONDS = 75.0  # idle keep-alive connections are closed after this (aiohttp's default is an hour)
@@ -175,27 +169,7 @@ class SidecarApp:
         return view
 
     def _compute_pool(self) -> PoolView | None:
-        snapshot = self.monitor.engine.snapshot
-        config = snapshot.cache_config if snapshot is not None else None
-        if config is not None and config.num_gpu_blocks and config.block_size:
-            engines = max(1, len(snapshot.engines)) if snapshot is not None else 1
-            return PoolView(
-                blocks=usable_blocks(config.num_gpu_blocks) * engines,
-                block_size=config.block_size,
-                prefix_caching=config.enable_prefix_caching is not False,
-                source="engine",
-            )
-        if snapshot is not None and snapshot.kind is not EngineKind.VLLM:
-            return None  # the prediction is vLLM's memory arithmetic, not another engine's pool
-        ledger = self.monitor.ledger
-        if ledger is not None and ledger.kv_pool_tokens:
-            block_size = ledger.request.block_size
-            return PoolView(
-                blocks=usable_blocks(ledger.kv_pool_tokens // block_size),
-                block_size=block_size,
-                source="prediction",
-            )
-        return None
+        return admission_pool(self.monitor).view
 
     def _engine_snapshot(self) -> EngineSnapshot | None:
         engine = self.monitor.engine
@@ -214,6 +188,7 @@ class SidecarApp:
         if policy is requested:
             self.log.info("admission_policy", policy=policy.value, requested=requested.value)
         else:
+            why = fallback_reason(self.monitor)  # the reason /status gives, from the same place
             self.log.warning("admission_policy", policy=policy.value, requested=requested.value, why=why)
 
     def _kv_samples(self) -> list[tuple[float, float]]:

@@ -14,6 +14,8 @@ can hold what every in-flight request will hold over the new request's lifetime,
   fifteen 129-token sequences need 30 blocks of 128, not 1,935 tokens' worth. A sequence never
   holds more than ``max_model_len`` tokens; every prompt of a batch and each of ``n`` choices is a
   sequence of its own (vLLM fans ``n > 1`` out into child requests, ``vllm/v1/engine/parallel_sampling.py``).
+  A hybrid model holds such blocks in each of its KV cache groups, a sliding-window group never more than
+  its window's cap (:mod:`sidecar.admission.geometry`, carried by :class:`PoolView`).
 * **Expected output.** Each sequence is expected to reach ``prompt + expected_output`` tokens
   (:mod:`sidecar.admission.outputs` decides the figure: the client's ``max_tokens`` or a learned
   quantile of real answer lengths). When a request runs past it, its expectation follows: it is
@@ -76,6 +78,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout
+
 PREFILL_TOKENS_PER_STEP = 256
 """A conservative prefill chunk: a prompt of ``p`` tokens is taken to need ``p / 256`` steps."""
 ENTRY_STEPS = 8
@@ -115,6 +119,16 @@ class PoolView:
     block_size: int
     prefix_caching: bool = True
     source: str = "engine"  # engine (cache_config_info) or prediction
+    layout: GroupLayout = SINGLE_GROUP  # the engine's KV cache groups (:mod:`sidecar.admission.geometry`)
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether prompt blocks held by others count once: prefix caching on and one KV cache group."""
+        return self.prefix_caching and self.layout.single
+
+    def sequence_blocks(self, tokens: int) -> int:
+        """Pool blocks one sequence of ``tokens`` tokens holds, over every KV cache group."""
+        return self.layout.blocks(tokens, self.block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +152,13 @@ class Demand:
             expected = generated + block_size
         return min(prompt + min(expected, self.output_bound), self.max_model_len)
 
-    def private_blocks(self, generated: int, horizon: float, block_size: int) -> int:
+    def private_blocks(self, generated: int, horizon: float, pool: PoolView) -> int:
         """Blocks of this request not shared with others, ``horizon`` tokens from now."""
         total = 0
         for index, prompt in enumerate(self.prompts):
-            peak = self.sequence_peak(prompt, generated, block_size)
+            peak = self.sequence_peak(prompt, generated, pool.block_size)
             reach = peak if math.isinf(horizon) else min(peak, prompt + generated + int(horizon))
-            total += self.choices * blocks_for(reach, block_size) - self._hashed(index)
+            total += self.choices * pool.sequence_blocks(reach) - self._hashed(index)
         return total
 
     @property
@@ -167,13 +181,14 @@ class Holding:
     admitted_at: float = 0.0  # the sidecar's clock at admission
     started_high: float | None = None  # the step count at the first scrape that showed it running
     generated: int = 0  # tokens seen streaming back (per sequence), exact
-    _peak: tuple[int, int] | None = field(default=None, init=False, repr=False)  # (block size, blocks)
+    _peak: tuple[int, GroupLayout, int] | None = field(default=None, init=False, repr=False)
 
-    def peak_blocks(self, block_size: int) -> int:
+    def peak_blocks(self, pool: PoolView) -> int:
         """Private blocks at its expected peak while it has not run past its expectation (kept once asked)."""
-        if self._peak is None or self._peak[0] != block_size:
-            self._peak = (block_size, self.demand.private_blocks(0, math.inf, block_size))
-        return self._peak[1]
+        peak = self._peak
+        if peak is None or peak[0] != pool.block_size or peak[1] != pool.layout:
+            peak = self._peak = (pool.block_size, pool.layout, self.demand.private_blocks(0, math.inf, pool))
+        return peak[2]
 
     def progress_high(self, step_high: float | None) -> int | None:
         """At most this many tokens generated (``None``: unknown)."""
@@ -231,24 +246,24 @@ class CapacityLedger:
             self.shared = +self.shared
         return holding
 
-    def _private(self, holding: Holding, steps: Steps, horizon: float, block_size: int) -> int:
+    def _private(self, holding: Holding, steps: Steps, horizon: float, pool: PoolView) -> int:
         done = holding.progress_high(steps.high)
         if done is None:
             done, horizon = holding.generated, math.inf
         if math.isinf(horizon) and done < holding.demand.expected_output:
-            return holding.peak_blocks(block_size)  # the same figure as below, asked on every decision
-        return holding.demand.private_blocks(done, horizon, block_size)
+            return holding.peak_blocks(pool)  # the same figure as below, asked on every decision
+        return holding.demand.private_blocks(done, horizon, pool)
 
-    def projected(self, steps: Steps, horizon: float, block_size: int) -> int:
+    def projected(self, steps: Steps, horizon: float, pool: PoolView) -> int:
         """Blocks every holding may hold ``horizon`` steps from now if nobody ends (shared blocks once)."""
         return len(self.shared) + sum(
-            self._private(holding, steps, horizon, block_size) for holding in self.holdings.values()
+            self._private(holding, steps, horizon, pool) for holding in self.holdings.values()
         )
 
-    def added_blocks(self, demand: Demand, block_size: int) -> int:
+    def added_blocks(self, demand: Demand, pool: PoolView) -> int:
         """Blocks ``demand`` adds at its peak, beyond prefix blocks already held."""
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
-        return demand.private_blocks(0, math.inf, block_size) + new_shared
+        return demand.private_blocks(0, math.inf, pool) + new_shared
 
     def fits(self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0) -> bool:
         """Whether ``demand`` fits beside everyone over its lifetime, leaving ``headroom`` blocks free.
@@ -259,13 +274,12 @@ class CapacityLedger:
         """
         if not self.holdings:
             return True
-        size = pool.block_size
-        lifetime = demand.lifetime + size
+        lifetime = demand.lifetime + pool.block_size
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         base = len(self.shared) + new_shared + self.unexplained + headroom
-        peaks = base + demand.private_blocks(0, math.inf, size)
+        peaks = base + demand.private_blocks(0, math.inf, pool)
         if (
-            peaks + sum(self._private(h, steps, math.inf, size) for h in self.holdings.values())
+            peaks + sum(self._private(h, steps, math.inf, pool) for h in self.holdings.values())
             <= pool.blocks
         ):
             return True  # everyone at their peak at once fits: no need to look at when they end
@@ -273,24 +287,24 @@ class CapacityLedger:
         points = sorted(t for t in ends.values() if t < lifetime)[:MAX_RELEASE_POINTS]
         considered = set(points)
         for point in [*points, lifetime]:
-            total = base + demand.private_blocks(0, point, size)
+            total = base + demand.private_blocks(0, point, pool)
             for key, holding in self.holdings.items():
                 end = ends[key]
                 if end >= point or end not in considered:
-                    total += self._private(holding, steps, point, size)
+                    total += self._private(holding, steps, point, pool)
             if total > pool.blocks:
                 return False
         return True
 
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
-        return pool.blocks - self.projected(steps, math.inf, pool.block_size) - self.unexplained
+        return pool.blocks - self.projected(steps, math.inf, pool) - self.unexplained
 
     def observe_scrape(
         self,
         used_blocks: float | None,
         steps: Steps,
-        block_size: int,
+        pool: PoolView,
         *,
         waiting: float | None,
         running: float | None = None,
@@ -312,12 +326,12 @@ class CapacityLedger:
                 if holding.started_high is None:
                     holding.started_high = step_count
         if used_blocks is not None:
-            explained = self.projected(steps, 0, block_size)
+            explained = self.projected(steps, 0, pool)
             self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))
 
 
 def prompt_hashes(prompt_ids: Iterable[Sequence[int]] | None, pool: PoolView) -> tuple[tuple[int, ...], ...]:
     """Each prompt's shareable block hashes: only with exact token ids and prefix caching on."""
-    if prompt_ids is None or not pool.prefix_caching:
+    if prompt_ids is None or not pool.shares_prefixes:
         return ()
     return tuple(prefix_hashes(ids, pool.block_size) for ids in prompt_ids)

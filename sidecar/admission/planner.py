@@ -110,7 +110,7 @@ class CapacityPlanner:
     def added_blocks(self, facts: RequestFacts, hashes: Hashes) -> int:
         """Blocks the request would add at its peak."""
         demand, pool = self.demand(facts, hashes), self.pool()
-        return self.ledger.added_blocks(demand, pool.block_size) if demand and pool else 0
+        return self.ledger.added_blocks(demand, pool) if demand and pool else 0
 
     def expected_tokens(self, facts: RequestFacts) -> int:
         """Prompts plus expected output over every sequence (the urgency order's size)."""
@@ -170,7 +170,7 @@ class CapacityPlanner:
             self.outputs.record(key[0], key[1], math.ceil(completion_tokens / max(1, sequences)))
         pool = self.pool()
         if held is not None and pool is not None and completed:  # the blocks it had planned for
-            self.releases.record(now, self.ledger.added_blocks(held.demand, pool.block_size))
+            self.releases.record(now, self.ledger.added_blocks(held.demand, pool))
 
     # -- scrapes -----------------------------------------------------------------------------------
 
@@ -194,7 +194,7 @@ class CapacityPlanner:
             self.ledger.observe_scrape(
                 None if usage is None else usage * pool.blocks,
                 self.steps.bounds(now),
-                pool.block_size,
+                pool,
                 waiting=waiting,
                 running=running,
                 step_count=steps,
@@ -213,7 +213,7 @@ class CapacityPlanner:
         pool = self.pool()
         if pool is None:
             return {}
-        planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool.block_size)
+        planned = self.ledger.projected(self.steps.bounds(now), math.inf, pool)
         return {"pool": pool.blocks, "planned": planned, "unexplained": self.ledger.unexplained}
 
     def free_blocks(self, now: float) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.admission.capacity import blocks_for
 from sidecar.admission.decide import AdmissionMode
 from sidecar.admission.outcomes import Lane, Reason, RefusedError
 from sidecar.admission.retry import (
@@ -69,7 +68,7 @@ class WaitAdvisor:
             queued_tokens = queue.tokens + (short.tokens if lane is Lane.LONG else 0)
             queued = len(queue) + (len(short) if lane is Lane.LONG else 0)
             share = ahead / len(queue) if len(queue) else 0.0
-            blocks_ahead = blocks_for(round(queued_tokens * share if queued else 0), pool.block_size)
+            blocks_ahead = pool.sequence_blocks(round(queued_tokens * share if queued else 0))
             capacity = c.planner.retry_estimate(blocks_ahead, own_blocks, now)
             if capacity is not None:
                 return clamp_retry_after(capacity)

@@ -16,7 +16,9 @@ says which releases each rule holds for and where it was read. The pool in token
 "Maximum concurrency for N tokens per request" figure follow from it; a sliding-window layer needs
 at most ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks per
 request. ``--kv-cache-memory-bytes`` and
-``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM.
+``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM (an overriding block holds
+one KV cache group's layers, half the layers of a model with one full and one sliding group:
+:mod:`sidecar.budget.kv_groups`).
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent is replicated). Memory figures are per GPU; token counts are per engine.
@@ -48,6 +50,7 @@ from sidecar.budget.dtypes import (
     normalise_dtype,
     weight_bytes_per_param,
 )
+from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
 from sidecar.budget.parameters import parameter_count
 from sidecar.budget.profile import estimate_activation_bytes, loaded_weights_per_gpu, paper_weights_per_gpu
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
@@ -244,8 +247,7 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     if kind is LayerKind.NONE:
         return 0
     if kind is LayerKind.SLIDING and window:
-        chunk = request.effective_batch[0]
-        return min(full_blocks, math.ceil(min(window - 1 + chunk, length) / block) + 1)
+        return min(full_blocks, sliding_window_blocks(window, request.effective_batch[0], length, block))
     return full_blocks
 
 
@@ -303,8 +305,13 @@ def build_ledger(request: PlanRequest) -> Ledger:
     }
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
-    if request.num_gpu_blocks_override is not None:
-        pool = round(request.num_gpu_blocks_override * block_bytes)
+    if request.num_gpu_blocks_override is not None:  # vLLM's blocks hold one KV cache group's layers
+        pool = round(
+            request.num_gpu_blocks_override
+            * request.block_size
+            * per_layer
+            * kv_groups(kinds).layers_per_group
+        )
     elif request.kv_cache_memory_bytes is not None:
         pool = request.kv_cache_memory_bytes
     else:

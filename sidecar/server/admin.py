@@ -22,12 +22,13 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar import __version__
+from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController
 from sidecar.admission.pressure import StaleMode
 from sidecar.monitor.documents import budget_document, finite
 from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.pool import admission_pool
 from sidecar.server.lifecycle import Lifecycle
-from sidecar.signals.kinds import EngineKind
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 """Admin paths that stay open with ``--admin-token``: kubelet probes send no credentials."""
@@ -35,15 +36,22 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 def fallback_reason(monitor: Monitor) -> str:
     """Why capacity admission has no pool to plan against (what ``/status`` says of the fallback)."""
-    snapshot = monitor.engine.snapshot
-    if snapshot is None:
-        return "the engine's page has not been read yet"
-    config = snapshot.cache_config
-    if snapshot.kind is not EngineKind.VLLM and not (config and config.num_gpu_blocks and config.block_size):
-        return f"the {snapshot.kind} page reports no KV pool in blocks (the prediction is vLLM's arithmetic)"
-    if monitor.request_max_model_len() is None:
-        return "no max_model_len known yet (the engine's /v1/models, or --max-model-len)"
-    return "no KV pool known yet (the engine's cache config, or a prediction)"
+    answer = admission_pool(monitor)
+    if answer.view is None:
+        return answer.why
+    return "no max_model_len known yet (the engine's /v1/models, or --max-model-len)"
+
+
+def layout_document(pool: PoolView | None) -> dict[str, int] | None:
+    """The KV cache groups a request's blocks are planned over (``None`` while no pool is known)."""
+    if pool is None:
+        return None
+    layout = pool.layout
+    return {
+        "full_attention_groups": layout.full,
+        "sliding_window_groups": layout.sliding,
+        "sliding_window_cap_blocks": layout.window_cap,
+    }
 
 
 def admission_document(controller: AdmissionController, fallback: str | None = None) -> dict[str, Any]:
@@ -66,6 +74,7 @@ def admission_document(controller: AdmissionController, fallback: str | None = N
             "concurrency_cap": controller.concurrency_cap,
         },
         "kv_blocks": controller.planner.block_figures(now),
+        "kv_layout": layout_document(controller.planner.pool()),
         "output_bounds": controller.planner.outputs.bounds(),
         "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
         "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},

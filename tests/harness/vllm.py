@@ -30,12 +30,11 @@ def vllm_python() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def make_tiny_model(python: Path, out: Path) -> Path:
-    """Generate the tiny model into ``out`` (reused when it is already there)."""
+def make_tiny_model(python: Path, out: Path, *, hybrid: bool = False) -> Path:
+    """Generate the tiny model into ``out`` (reused when it is already there); ``hybrid``: a sliding layer too."""
     if not (out / "model.safetensors").is_file():
-        subprocess.run(
-            [str(python), str(ROOT / "scripts/make_tiny_model.py"), str(out)], check=True, capture_output=True
-        )
+        script = [str(python), str(ROOT / "scripts/make_tiny_model.py"), str(out)]
+        subprocess.run([*script, "--hybrid"] if hybrid else script, check=True, capture_output=True)
     return out
 
 
@@ -76,6 +75,7 @@ class VllmServer:
     max_num_seqs: int = 4
     gpu_blocks: int | None = 16
     log_path: Path | None = None
+    extra_args: tuple[str, ...] = ()  # more ``vllm serve`` flags
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None
 
@@ -93,7 +93,7 @@ class VllmServer:
         ]  # fmt: skip
         if self.gpu_blocks is not None:
             args += ["--num-gpu-blocks-override", str(self.gpu_blocks)]
-        return args
+        return [*args, *self.extra_args]
 
     def start(self, timeout: float = 300.0) -> None:
         """Start and wait for ``/health``."""

@@ -38,7 +38,7 @@ def test_fifteen_129_token_requests_need_30_blocks_not_1935_tokens() -> None:
         request = demand(100, 29)  # 129 tokens: 2 blocks each
         assert ledger.fits(request, pool, UNKNOWN)
         ledger.add(request, UNKNOWN)
-    assert ledger.projected(UNKNOWN, math.inf, 128) == 30
+    assert ledger.projected(UNKNOWN, math.inf, POOL) == 30
     assert not ledger.fits(demand(100, 29), pool, UNKNOWN)
     assert not ledger.fits(demand(1, 0), PoolView(blocks=30, block_size=128), UNKNOWN)  # even one token
 
@@ -46,11 +46,11 @@ def test_fifteen_129_token_requests_need_30_blocks_not_1935_tokens() -> None:
 def test_every_prompt_of_a_batch_and_every_choice_is_a_sequence() -> None:
     batch = Demand(prompts=(100, 30), choices=3, expected_output=50, output_bound=50, max_model_len=1024)
     # 150 tokens -> 10 blocks of 16, 80 tokens -> 5 blocks; three choices each
-    assert CapacityLedger().added_blocks(batch, 16) == 3 * 10 + 3 * 5
+    assert CapacityLedger().added_blocks(batch, PoolView(blocks=100, block_size=16)) == 3 * 10 + 3 * 5
 
 
 def test_a_sequence_never_holds_more_than_max_model_len() -> None:
-    assert CapacityLedger().added_blocks(demand(1000, 100), 128) == 8  # 1,100 capped at 1,024
+    assert CapacityLedger().added_blocks(demand(1000, 100), POOL) == 8  # 1,100 capped at 1,024
 
 
 def test_only_full_prompt_blocks_before_the_last_token_are_shareable() -> None:
@@ -67,9 +67,9 @@ def test_a_shared_prefix_is_counted_once() -> None:
     same = Demand((600,), 1, 16, 16, 1024, hashes)
     ledger = CapacityLedger()
     ledger.add(same, UNKNOWN)
-    assert ledger.added_blocks(same, 128) == 1  # 5 blocks, 4 of them already held
+    assert ledger.added_blocks(same, POOL) == 1  # 5 blocks, 4 of them already held
     other = Demand((600,), 1, 16, 16, 1024, prompt_hashes([[7, *ids[1:]]], POOL))
-    assert ledger.added_blocks(other, 128) == 5
+    assert ledger.added_blocks(other, POOL) == 5
     assert prompt_hashes([ids], PoolView(blocks=15, block_size=128, prefix_caching=False)) == ()
 
 
@@ -78,11 +78,11 @@ def test_shared_blocks_stay_counted_while_any_holder_runs() -> None:
     same = Demand((600,), 1, 16, 16, 1024, prompt_hashes([ids], POOL))
     ledger = CapacityLedger()
     first, second = ledger.add(same, UNKNOWN), ledger.add(same, UNKNOWN)
-    assert ledger.projected(UNKNOWN, math.inf, 128) == 4 + 1 + 1
+    assert ledger.projected(UNKNOWN, math.inf, POOL) == 4 + 1 + 1
     ledger.remove(first)
-    assert ledger.projected(UNKNOWN, math.inf, 128) == 4 + 1
+    assert ledger.projected(UNKNOWN, math.inf, POOL) == 4 + 1
     ledger.remove(second)
-    assert ledger.projected(UNKNOWN, math.inf, 128) == 0
+    assert ledger.projected(UNKNOWN, math.inf, POOL) == 0
 
 
 def test_an_empty_ledger_always_fits() -> None:
@@ -111,14 +111,14 @@ def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -
     ledger.add(demand(600, 400), Steps(low=0, high=0))  # ignore_eos-like: ends after 400 + prefill steps
     candidate = demand(600, 400)
     assert not ledger.fits(candidate, POOL, Steps(low=500, high=500))  # no scrape has shown it running
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, step_count=0, sampled_at=1.0)
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
     # the first is certain to end within 400 - progress + 3 prefill + 8 entry steps; the candidate (5 blocks
     # at once, one more per 128 steps) must stay within 7 blocks until then: 600 + (411 - p) <= 896 -> p >= 115
     assert not ledger.fits(candidate, POOL, Steps(low=114, high=114))
     assert ledger.fits(candidate, POOL, Steps(low=115, high=115))
     waiting = CapacityLedger()
     waiting.add(demand(600, 400), Steps(low=0, high=0))
-    waiting.observe_scrape(None, UNKNOWN, 128, waiting=1, running=0, step_count=0, sampled_at=1.0)
+    waiting.observe_scrape(None, UNKNOWN, POOL, waiting=1, running=0, step_count=0, sampled_at=1.0)
     assert not waiting.fits(candidate, POOL, Steps(low=115, high=115))  # it is the one waiting
 
 
@@ -131,12 +131,12 @@ def test_progress_counts_from_the_scrape_that_showed_the_request_running() -> No
     candidate = demand(600, 400)
     ledger = CapacityLedger()
     ledger.add(demand(600, 400), Steps(low=1000, high=1000), now=0.0)
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=1, running=4, step_count=1010, sampled_at=0.5)
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=1, running=4, step_count=1010, sampled_at=0.5)
     assert not ledger.fits(candidate, POOL, Steps(low=1200, high=1200))  # still waiting, as far as is known
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=0, running=4, step_count=1150, sampled_at=1.5)
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=4, step_count=1150, sampled_at=1.5)
     assert not ledger.fits(candidate, POOL, Steps(low=1200, high=1200))  # 50 steps along, not 190
     assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # 115 steps since it was seen running
-    ledger.observe_scrape(None, UNKNOWN, 128, waiting=3, running=1, step_count=1300, sampled_at=2.5)
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=3, running=1, step_count=1300, sampled_at=2.5)
     assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # a running request stays running
 
 
@@ -150,7 +150,7 @@ def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:
         made.add(first, Steps(low=0, high=0), now=0.0)
         made.add(second, Steps(low=0, high=0), now=0.5)
         made.observe_scrape(
-            None, UNKNOWN, 128, waiting=waiting, running=running, step_count=0, sampled_at=1.0
+            None, UNKNOWN, POOL, waiting=waiting, running=running, step_count=0, sampled_at=1.0
         )
         return made
 
@@ -164,31 +164,31 @@ def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:
     assert not older.fits(candidate, POOL, at)  # 8 + 1 + 1 + 6
     late = CapacityLedger()
     late.add(long, Steps(low=0, high=0), now=0.9)
-    late.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, step_count=0, sampled_at=1.0)
+    late.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
     assert not late.fits(candidate, POOL, at)  # asked while it may have been on its way into vLLM
-    late.observe_scrape(None, UNKNOWN, 128, waiting=0, running=1, sampled_at=2.0)
+    late.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, sampled_at=2.0)
     assert not late.fits(candidate, POOL, at)  # a scrape without a step count gives no start step
 
 
 def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
     ledger = CapacityLedger()
     key = ledger.add(demand(100, 100, bound=900), Steps(low=0, high=0))  # learned 100, may run to 900
-    assert ledger.projected(Steps(low=0, high=50), 0, 128) == 2  # 150 tokens
+    assert ledger.projected(Steps(low=0, high=50), 0, POOL) == 2  # 150 tokens
     ledger.holdings[key].generated = 300  # a stream counted 300 tokens
     assert (
-        ledger.projected(Steps(low=0, high=300), 0, 128) == 4
+        ledger.projected(Steps(low=0, high=300), 0, POOL) == 4
     )  # 400 tokens held; expects 528: 5 at its peak
-    assert ledger.projected(Steps(low=0, high=300), math.inf, 128) == 5
+    assert ledger.projected(Steps(low=0, high=300), math.inf, POOL) == 5
 
 
 def test_the_gauge_adds_what_the_ledger_cannot_explain() -> None:
     ledger = CapacityLedger()
     ledger.add(demand(100, 28, bound=500), UNKNOWN)  # 1 block, not certain to end
-    ledger.observe_scrape(0.6 * 15, UNKNOWN, 128, waiting=0)  # 9 blocks in use: 8 unexplained
+    ledger.observe_scrape(0.6 * 15, UNKNOWN, POOL, waiting=0)  # 9 blocks in use: 8 unexplained
     assert ledger.unexplained == 8
     assert ledger.fits(demand(600, 100), POOL, UNKNOWN)  # 1 + 8 + 6 = 15
     assert not ledger.fits(demand(700, 100), POOL, UNKNOWN)  # 1 + 8 + 7
-    ledger.observe_scrape(0.0, UNKNOWN, 128, waiting=3)
+    ledger.observe_scrape(0.0, UNKNOWN, POOL, waiting=3)
     assert ledger.unexplained == 0
 
 

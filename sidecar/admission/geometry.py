@@ -1,0 +1,108 @@
+"""How many pool blocks a sequence of ``t`` tokens holds: the engine's KV cache groups. Pure.
+
+Theory of operation
+-------------------
+vLLM's pool is one list of blocks shared by every KV cache group (:mod:`sidecar.budget.kv_groups`
+says how vLLM forms them). A model whose layers all attend to every token has one group, and a
+sequence of ``t`` tokens holds ``ceil(t / block_size)`` blocks. A hybrid model holds that many in each
+full-attention group and, in each sliding-window group, never more than the window's cap
+(``SlidingWindowManager.remove_skipped_blocks`` frees what fell out of the window;
+``SlidingWindowSpec.max_admission_blocks_per_request`` caps the reservation; vLLM 0.32.0 as installed,
+``vllm/v1/core/single_type_kv_cache_manager.py`` and ``vllm/v1/kv_cache_interface.py``). Planning one
+group for gpt-oss, which has one of each, would count half of what it holds.
+
+The engine says how many blocks a full-length request takes: ``cache_config_info`` reports the pool
+(``num_gpu_blocks``) and ``kv_cache_max_concurrency``, which vLLM computes as the pool over the sum of
+each group's blocks for ``max_model_len`` tokens (``get_max_concurrency_for_kv_cache_config``). So
+the layout is read as follows:
+
+* without the model's layer kinds, a request is planned as one group when the engine's figure is
+  ``ceil(max_model_len / block_size)`` (or absent); any other figure is a layout the sidecar cannot
+  split into groups, and capacity admission falls back to ``lanes`` and says why;
+* with them (the prediction's ``config.json``), the groups come from the layer kinds and the window
+  cap from the engine's figure (``(figure - full groups x full blocks) / sliding groups``), which holds
+  whatever vLLM counts as in flight (its cap adds ``max_num_batched_tokens`` once, or twice with async
+  scheduling); a figure the groups cannot explain falls back the same way. Without the engine's figure
+  the cap is the prediction's (one batch in flight, as the budget computes it).
+
+Prefix sharing is planned only for single-group layouts: a hybrid model's cache hit needs its
+sliding-window blocks too, which vLLM frees once they leave the window, so counting its full-attention
+prefix blocks once could plan fewer blocks than vLLM allocates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """A sequence's blocks per group kind: ``full`` groups hold every token, ``sliding`` ones a window."""
+
+    full: int = 1
+    sliding: int = 0
+    window_cap: int = 0  # blocks a sequence holds at most in each sliding-window group
+
+    @property
+    def single(self) -> bool:
+        """Whether the pool has one full-attention group (blocks are tokens over the block size)."""
+        return self.full == 1 and self.sliding == 0
+
+    def blocks(self, tokens: int, block_size: int) -> int:
+        """Pool blocks a sequence of ``tokens`` tokens holds."""
+        whole = max(0, math.ceil(tokens / block_size))
+        return self.full * whole + self.sliding * min(whole, self.window_cap)
+
+
+SINGLE_GROUP = GroupLayout()
+"""One full-attention group: the layout of every model whose layers all attend to every token."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutAnswer:
+    """The layout admission plans with, or ``None`` and why not."""
+
+    layout: GroupLayout | None
+    why: str = ""
+
+
+def engine_blocks_per_request(num_gpu_blocks: int | None, max_concurrency: float | None) -> int | None:
+    """Blocks the engine plans for one full-length request (``num_gpu_blocks / kv_cache_max_concurrency``)."""
+    if not num_gpu_blocks or not max_concurrency or max_concurrency <= 0:
+        return None
+    return round(num_gpu_blocks / max_concurrency)
+
+
+def resolve_layout(
+    *,
+    block_size: int,
+    max_model_len: int,
+    engine_blocks: int | None,
+    groups: tuple[int, int] | None = None,
+    predicted_window_cap: int | None = None,
+) -> LayoutAnswer:
+    """The layout from the engine's blocks per full-length request and the model's (full, sliding) groups."""
+    whole = math.ceil(max_model_len / block_size)
+    if groups is None:
+        if engine_blocks is None or engine_blocks == whole:
+            return LayoutAnswer(SINGLE_GROUP)
+        return LayoutAnswer(
+            None,
+            f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, not {whole}: "
+            "a hybrid KV layout; give the sidecar the model's config (--model) so admission reads its layers",
+        )
+    full, sliding = groups
+    if engine_blocks is None:
+        cap = min(whole, predicted_window_cap) if predicted_window_cap else whole
+        return LayoutAnswer(GroupLayout(full, sliding, cap if sliding else 0))
+    rest = engine_blocks - full * whole
+    if sliding == 0 and rest == 0:
+        return LayoutAnswer(GroupLayout(full=full))
+    if sliding and rest > 0 and rest % sliding == 0 and rest // sliding <= whole:
+        return LayoutAnswer(GroupLayout(full, sliding, rest // sliding))
+    return LayoutAnswer(
+        None,
+        f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, which {full} "
+        f"full-attention and {sliding} sliding-window KV groups do not explain; check --model",
+    )

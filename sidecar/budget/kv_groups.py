@@ -1,0 +1,69 @@
+"""vLLM's KV cache groups: how a model's attention layers share the pool's blocks. Pure.
+
+A model whose layers all attend the same way has one group: one block holds ``block_size`` tokens of
+every layer. A hybrid model (full attention beside sliding-window attention: gpt-oss, Gemma 2 and 3,
+Llama-style ``layer_types``) has several, each with a block table of its own drawn from one shared
+pool, so a request holds blocks in every group (vLLM 0.32.0 as installed here:
+``vllm/v1/core/kv_cache_utils.py``, ``_get_kv_cache_groups_uniform_page_size`` forms the groups and
+``get_max_concurrency_for_kv_cache_config`` sums a request's blocks over them). The real CPU server
+agrees: a two-layer model with one full and one sliding layer logs "kv cache group sizes (128, 128)"
+and reports ``kv_cache_max_concurrency`` as its blocks over 12 per full-length request (8 full + 4
+sliding, ``tests/e2e/test_hybrid_layout.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.budget.architecture import LayerKind
+
+BALANCED_GROUP_RATIO = 1.5
+"""Below this ratio of the larger layer count to the smaller, groups are as large as the larger count.
+
+``_get_kv_cache_groups_uniform_page_size``: gpt-oss-20b with an EAGLE drafter (12 sliding, 13 full
+layers) is padded to 13 + 13 rather than split into 12 + 24."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvGroups:
+    """How many KV cache groups hold full-attention and sliding-window layers."""
+
+    full: int
+    sliding: int
+    layers_per_group: int = 1  # attention layers one block covers (padding included)
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether a request holds blocks in groups of both kinds."""
+        return self.full > 0 and self.sliding > 0
+
+
+def kv_groups(kinds: Sequence[LayerKind]) -> KvGroups:
+    """The groups vLLM forms for these layers (one window size; layers without KV are left out).
+
+    Layers of one kind form one group when only one kind is present; otherwise each kind is split into
+    groups of the smaller kind's layer count (padding the last), as vLLM does for the ``n:1`` patterns of
+    every open hybrid model.
+    """
+    full = sum(1 for kind in kinds if kind is LayerKind.FULL)
+    sliding = sum(1 for kind in kinds if kind is LayerKind.SLIDING)
+    if not full or not sliding:
+        return KvGroups(
+            full=1 if full else 0, sliding=1 if sliding else 0, layers_per_group=max(1, full + sliding)
+        )
+    small, large = min(full, sliding), max(full, sliding)
+    size = large if large < small * BALANCED_GROUP_RATIO else small
+    return KvGroups(full=math.ceil(full / size), sliding=math.ceil(sliding / size), layers_per_group=size)
+
+
+def sliding_window_blocks(window: int, in_flight_tokens: int, max_model_len: int, block_size: int) -> int:
+    """Blocks one sequence holds at most in a sliding-window group.
+
+    ``SlidingWindowSpec.max_admission_blocks_per_request`` (``vllm/v1/kv_cache_interface.py``, 0.32.0):
+    the window's last ``window - 1`` tokens plus the tokens in flight, never more than ``max_model_len``,
+    plus one block because the window need not start at a block boundary. vLLM sizes the pool and caps a
+    request's reservation with the same figure.
+    """
+    return math.ceil(min(window - 1 + in_flight_tokens, max_model_len) / block_size) + 1

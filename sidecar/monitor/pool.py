@@ -1,0 +1,97 @@
+"""The KV pool capacity admission plans against, and why there is none when there is none.
+
+The engine's ``cache_config_info`` gives the pool (``num_gpu_blocks`` per data-parallel engine, one block
+kept null by vLLM) and its blocks per full-length request; the prediction's ``config.json`` gives the
+layer kinds that split those blocks into KV cache groups (:mod:`sidecar.admission.geometry`). Before the
+engine reports a pool, the prediction's is used (vLLM's memory arithmetic, so only for vLLM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.admission.capacity import PoolView
+from sidecar.admission.geometry import LayoutAnswer, engine_blocks_per_request, resolve_layout
+from sidecar.budget.architecture import LayerKind
+from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
+from sidecar.monitor.monitor import Monitor
+from sidecar.signals.kinds import EngineKind
+
+
+def usable_blocks(num_gpu_blocks: int) -> int:
+    """Blocks requests can hold: vLLM keeps one null block (``BlockPool.get_usage`` divides by n - 1)."""
+    return max(1, num_gpu_blocks - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAnswer:
+    """The pool, or ``None`` and the reason (what ``/status`` says of the fallback)."""
+
+    view: PoolView | None
+    why: str = ""
+
+
+def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> LayoutAnswer:
+    max_model_len = monitor.request_max_model_len()
+    if max_model_len is None:
+        return LayoutAnswer(None, "no max_model_len known yet (the engine's /v1/models, or --max-model-len)")
+    request = monitor.request
+    if request is None:
+        return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
+    arch = request.architecture
+    groups = kv_groups(arch.layer_kinds)
+    window = arch.sliding_window
+    cap = (
+        sliding_window_blocks(window, request.effective_batch[0], max_model_len, block_size)
+        if window
+        else None
+    )
+    return resolve_layout(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        engine_blocks=engine_blocks,
+        groups=(groups.full, groups.sliding),
+        predicted_window_cap=cap,
+    )
+
+
+def admission_pool(monitor: Monitor) -> PoolAnswer:
+    """The pool admission plans against: the engine's blocks, else the prediction's."""
+    snapshot = monitor.engine.snapshot
+    config = snapshot.cache_config if snapshot is not None else None
+    if snapshot is not None and config is not None and config.num_gpu_blocks and config.block_size:
+        engine_blocks = engine_blocks_per_request(config.num_gpu_blocks, config.kv_cache_max_concurrency)
+        layout = _layout(monitor, config.block_size, engine_blocks)
+        if layout.layout is None:
+            return PoolAnswer(None, layout.why)
+        return PoolAnswer(
+            PoolView(
+                blocks=usable_blocks(config.num_gpu_blocks) * max(1, len(snapshot.engines)),
+                block_size=config.block_size,
+                prefix_caching=config.enable_prefix_caching is not False,
+                source="engine",
+                layout=layout.layout,
+            )
+        )
+    if snapshot is not None and snapshot.kind is not EngineKind.VLLM:
+        return PoolAnswer(
+            None,
+            f"the {snapshot.kind} page reports no KV pool in blocks (the prediction is vLLM's arithmetic)",
+        )
+    ledger = monitor.ledger
+    if ledger is None or not ledger.kv_pool_tokens:
+        why = "the engine's page has not been read yet" if snapshot is None else "no KV pool known yet"
+        return PoolAnswer(None, f"{why} (the engine's cache config, or a prediction)")
+    block_size = ledger.request.block_size
+    layout = _layout(monitor, block_size, None)
+    if layout.layout is None:
+        return PoolAnswer(None, layout.why)
+    kinds = ledger.request.architecture.layer_kinds
+    attention_layers = sum(1 for kind in kinds if kind is not LayerKind.NONE)
+    # the budget's block holds every attention layer; vLLM's holds one group's layers
+    blocks = ledger.kv_pool_tokens // block_size * attention_layers // kv_groups(kinds).layers_per_group
+    return PoolAnswer(
+        PoolView(
+            blocks=usable_blocks(blocks), block_size=block_size, source="prediction", layout=layout.layout
+        )
+    )

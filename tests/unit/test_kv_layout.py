@@ -1,0 +1,192 @@
+"""KV cache groups: a hybrid model's request holds blocks in every group, a sliding one up to its window's cap."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, Steps, prompt_hashes
+from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout, engine_blocks_per_request, resolve_layout
+from sidecar.budget.architecture import LayerKind, architecture_from_config
+from sidecar.budget.kv_groups import KvGroups, kv_groups, sliding_window_blocks
+from sidecar.logs import make_logger
+from sidecar.monitor.diagnose import MonitorSettings
+from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.pool import admission_pool
+from sidecar.signals import parse_vllm_metrics
+from sidecar.units import GIB
+
+DATA = Path(__file__).parents[1] / "data" / "vllm"
+HYBRID_PAGE = DATA / "vllm-0.32.0-cpu-tiny-hybrid.prom"  # 16 blocks, kv_cache_max_concurrency 1.33
+HYBRID_CONFIG = DATA / "tiny-hybrid-config.json"  # one full and one 128-token sliding layer
+FULL, SLIDING, NONE = LayerKind.FULL, LayerKind.SLIDING, LayerKind.NONE
+
+
+@pytest.mark.parametrize(
+    ("kinds", "groups"),
+    [
+        ((FULL,) * 32, KvGroups(1, 0, 32)),  # Llama: one group
+        ((SLIDING,) * 32, KvGroups(0, 1, 32)),  # Mistral v0.1: every layer windowed, one group
+        ((SLIDING, FULL) * 12, KvGroups(1, 1, 12)),  # gpt-oss-20b: one group of each
+        ((FULL, SLIDING), KvGroups(1, 1, 1)),  # the tiny hybrid model (the real server logs "(128, 128)")
+        (
+            ((SLIDING,) * 5 + (FULL,)) * 10 + (SLIDING,) * 2,
+            KvGroups(1, 6, 10),
+        ),  # Gemma 3 27B: 52 + 10, padded
+        ((SLIDING,) * 12 + (FULL,) * 13, KvGroups(1, 1, 13)),  # gpt-oss-20b + EAGLE: padded to 13 + 13
+        ((FULL, NONE, NONE, NONE) * 4, KvGroups(1, 0, 4)),  # linear-attention layers hold no KV blocks
+    ],
+)
+def test_groups_are_formed_as_vllm_forms_them(kinds: tuple[LayerKind, ...], groups: KvGroups) -> None:
+    assert kv_groups(kinds) == groups
+
+
+@pytest.mark.parametrize(
+    ("window", "in_flight", "max_model_len", "block_size", "blocks"),
+    [
+        (128, 256, 1024, 128, 4),  # the real CPU server: 12 blocks per request = 8 full + 4 sliding
+        (128, 512, 1024, 128, 6),  # two batches in flight (async scheduling)
+        (4096, 8192, 8192, 16, 513),  # the window plus a batch reaches max_model_len: all of it, plus one
+        (4, 1, 100, 4, 2),  # vLLM's own example: a 4-token window needs [XXCD][EF]
+    ],
+)
+def test_a_sliding_window_holds_its_window_and_the_tokens_in_flight(
+    window: int, in_flight: int, max_model_len: int, block_size: int, blocks: int
+) -> None:
+    assert sliding_window_blocks(window, in_flight, max_model_len, block_size) == blocks
+
+
+@pytest.mark.parametrize(
+    ("layout", "tokens", "blocks"),
+    [
+        (SINGLE_GROUP, 129, 2),
+        (GroupLayout(1, 1, 4), 100, 2),  # short: the window holds all of it too
+        (GroupLayout(1, 1, 4), 830, 7 + 4),  # long: the sliding group stops at its cap
+        (GroupLayout(1, 6, 2), 1000, 8 + 6 * 2),
+        (GroupLayout(0, 1, 3), 1000, 3),
+    ],
+)
+def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int, blocks: int) -> None:
+    assert layout.blocks(tokens, 128) == blocks
+
+
+@pytest.mark.parametrize(
+    ("engine", "groups", "predicted", "layout"),
+    [
+        (8, None, None, SINGLE_GROUP),  # the engine's figure is one group's
+        (None, None, None, SINGLE_GROUP),  # an engine that does not say: one group, as before
+        (12, (1, 1), None, GroupLayout(1, 1, 4)),  # the tiny hybrid server: the cap from the engine
+        (None, (1, 1), 4, GroupLayout(1, 1, 4)),  # no engine figure: the prediction's cap
+        (None, (1, 1), 20, GroupLayout(1, 1, 8)),  # never more than the whole request
+        (8, (1, 0), None, SINGLE_GROUP),
+    ],
+)
+def test_the_layout_is_read_from_the_engine_and_the_layers(
+    engine: int | None, groups: tuple[int, int] | None, predicted: int | None, layout: GroupLayout
+) -> None:
+    answer = resolve_layout(
+        block_size=128,
+        max_model_len=1024,
+        engine_blocks=engine,
+        groups=groups,
+        predicted_window_cap=predicted,
+    )
+    assert answer.layout == layout
+
+
+@pytest.mark.parametrize(
+    ("engine", "groups", "why"),
+    [
+        (12, None, "hybrid KV layout; give the sidecar the model's config (--model)"),
+        (10, (1, 0), "1 full-attention and 0 sliding-window KV groups do not explain"),
+        (20, (1, 1), "do not explain"),  # 12 left for one sliding group of an 8-block request
+        (13, (1, 2), "do not explain"),  # 5 left does not split over two groups
+    ],
+)
+def test_a_layout_the_groups_cannot_explain_is_refused_with_the_reason(
+    engine: int, groups: tuple[int, int] | None, why: str
+) -> None:
+    answer = resolve_layout(block_size=128, max_model_len=1024, engine_blocks=engine, groups=groups)
+    assert answer.layout is None
+    assert why in answer.why
+    assert "\n" not in answer.why
+
+
+def test_the_engines_blocks_per_request_come_from_its_max_concurrency() -> None:
+    config = parse_vllm_metrics(HYBRID_PAGE.read_text()).cache_config
+    assert config is not None
+    assert engine_blocks_per_request(config.num_gpu_blocks, config.kv_cache_max_concurrency) == 12
+    assert engine_blocks_per_request(16, None) is None
+
+
+def test_a_hybrid_pool_holds_fewer_requests_than_one_group_would() -> None:
+    """Two requests growing to 830 tokens: 14 of 15 blocks as one group, 22 as vLLM holds them."""
+    single = PoolView(blocks=15, block_size=128)
+    hybrid = PoolView(blocks=15, block_size=128, layout=GroupLayout(1, 1, 4))
+    request = Demand(prompts=(130,), choices=1, expected_output=700, output_bound=700, max_model_len=1024)
+    for pool, fits in ((single, True), (hybrid, False)):
+        ledger = CapacityLedger()
+        ledger.add(request, Steps(low=0, high=0))
+        assert ledger.fits(request, pool, Steps()) is fits
+    assert CapacityLedger().added_blocks(request, hybrid) == 11
+
+
+def test_prefix_blocks_are_not_shared_across_a_hybrid_layout() -> None:
+    ids = [[7] * 600]
+    assert prompt_hashes(ids, PoolView(blocks=15, block_size=128)) != ((),)
+    assert prompt_hashes(ids, PoolView(blocks=15, block_size=128, layout=GroupLayout(1, 1, 4))) == ()
+
+
+def _monitor(architecture: bool) -> Monitor:
+    config = json.loads(HYBRID_CONFIG.read_text())
+    inputs = PlanInputs(
+        architecture=architecture_from_config(config) if architecture else None,
+        model="tiny",
+        gpu_memory_bytes=24 * GIB,
+        max_model_len=1024,
+    )
+    monitor = Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+    monitor.record_success(parse_vllm_metrics(HYBRID_PAGE.read_text()), now=0.0)
+    return monitor
+
+
+def test_with_the_models_layers_the_real_hybrid_pool_is_planned_over_both_groups() -> None:
+    answer = admission_pool(_monitor(architecture=True))
+    assert answer.view is not None
+    assert (answer.view.blocks, answer.view.layout) == (15, GroupLayout(1, 1, 4))
+    assert not answer.view.shares_prefixes
+
+
+def test_without_them_the_real_hybrid_pool_is_not_planned_as_one_group() -> None:
+    answer = admission_pool(_monitor(architecture=False))
+    assert answer.view is None
+    assert answer.why.startswith("the engine plans 12 blocks for a 1024-token request, not 8")
+
+
+def test_the_predicted_pool_counts_vllms_blocks_of_one_group_each() -> None:
+    """Before the engine reports a pool, the prediction's: one budget block covers both layers, vLLM's one."""
+    monitor = Monitor(
+        PlanInputs(
+            architecture=architecture_from_config(json.loads(HYBRID_CONFIG.read_text())),
+            model="tiny",
+            gpu_memory_bytes=24 * GIB,
+            max_model_len=1024,
+            max_num_batched_tokens=256,
+            block_size=128,
+            num_gpu_blocks_override=16,
+        ),
+        MonitorSettings(),
+        make_logger(io.StringIO()),
+    )
+    monitor.refresh(0.0)
+    assert monitor.ledger is not None
+    assert monitor.ledger.max_concurrency == 1.33  # the real server: "Maximum concurrency ...: 1.33x"
+    answer = admission_pool(monitor)
+    assert answer.view is not None
+    assert answer.view.source == "prediction"
+    assert answer.view.layout == GroupLayout(1, 1, 4)  # the budget's cap: 127 + 256 tokens in flight
+    assert answer.view.blocks == 15  # 16 of vLLM's blocks, one of them null
