@@ -12,6 +12,9 @@ the table reports medians over rounds.
 * ``req/s`` at 1 and 8 connections, and the sidecar's share of ``bare``'s throughput.
 * ``first chunk ms``: time from the upstream sending a stream's first SSE event to the client
   receiving it (the event carries its send time; ``time.monotonic`` is system-wide on Linux).
+* ``CPU us/req @8``: the target process's own CPU (user + system, ``/proc``) per request during the
+  8-connection run: steadier than req/s on a shared 2-core machine, where the load generator, the
+  upstream and the proxy compete for the same cores.
 """
 
 from __future__ import annotations
@@ -73,8 +76,17 @@ async def latencies(url: str, seconds: float) -> list[float]:
     return out
 
 
-async def throughput(url: str, seconds: float, connections: int) -> float:
-    """Requests per second with ``connections`` concurrent keep-alive connections."""
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU a process has used (Linux ``/proc``; ``None`` elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(url: str, seconds: float, connections: int, counted: list[int] | None = None) -> float:
+    """Requests per second with ``connections`` concurrent keep-alive connections (``counted`` gets the count)."""
     done = 0
     connector = aiohttp.TCPConnector(limit=connections)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -89,6 +101,8 @@ async def throughput(url: str, seconds: float, connections: int) -> float:
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(connections)))
+        if counted is not None:
+            counted.append(done)
         return done / (time.perf_counter() - started)
 
 
@@ -169,6 +183,8 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
     processes.append(
         start([sys.executable, "-m", "bench.bare_proxy", str(buffered_port), upstream, "--buffered"])
     )
+    pids = {"direct": processes[0].pid, "sidecar": processes[1].pid, "bare": processes[2].pid,
+            "buffered": processes[3].pid}  # fmt: skip
     targets = {
         "direct": upstream,
         "sidecar": f"http://127.0.0.1:{sidecar_port}",
@@ -191,7 +207,14 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
                 row.setdefault("p50", []).append(statistics.median(lat))
                 row.setdefault("p99", []).append(statistics.quantiles(lat, n=100)[98])
                 row.setdefault("rps1", []).append(await throughput(url, seconds, 1))
-                row.setdefault("rps8", []).append(await throughput(url, seconds, 8))
+                pid, counted = pids.get(name), []
+                before = cpu_seconds(pid) if pid else None
+                row.setdefault("rps8", []).append(await throughput(url, seconds, 8, counted))
+                after = cpu_seconds(pid) if pid else None
+                if (
+                    before is not None and after is not None and counted[0]
+                ):  # the process's own CPU per request
+                    row.setdefault("cpu_us", []).append((after - before) / counted[0] * 1e6)
                 row.setdefault("chunk", []).append(statistics.median(await first_chunk_delays(url, 50)))
         return {name: {k: statistics.median(v) for k, v in row.items()} for name, row in samples.items()}
     finally:
@@ -208,11 +231,13 @@ def main() -> None:
     result = asyncio.run(run(args.seconds, args.rounds))
     direct = result["direct"]
     print(f"{'target':<9}{'p50 ms':>8}{'p99 ms':>8}{'added p50':>10}{'added p99':>10}"
-          f"{'req/s @1':>10}{'req/s @8':>10}{'first chunk ms':>16}")  # fmt: skip
+          f"{'req/s @1':>10}{'req/s @8':>10}{'first chunk ms':>16}{'CPU us/req @8':>15}")  # fmt: skip
     for name, row in result.items():
+        cpu = f"{row['cpu_us']:>15.0f}" if "cpu_us" in row else f"{'-':>15}"
         print(
             f"{name:<9}{row['p50'] * 1e3:>8.3f}{row['p99'] * 1e3:>8.3f}{(row['p50'] - direct['p50']) * 1e3:>10.3f}"
             f"{(row['p99'] - direct['p99']) * 1e3:>10.3f}{row['rps1']:>10.0f}{row['rps8']:>10.0f}{row['chunk'] * 1e3:>16.3f}"
+            + cpu
         )
     share = result["sidecar"]["rps8"] / result["bare"]["rps8"]
     share_buffered = result["sidecar"]["rps8"] / result["buffered"]["rps8"]

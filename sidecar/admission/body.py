@@ -237,8 +237,20 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> RequestFacts:
-    """The admission facts of a decoded generation request to ``path``."""
+def request_facts(
+    path: str,
+    body: dict[str, Any],
+    counter: TokenCounter,
+    *,
+    tenant: str = "",
+    priority: int | None = None,
+    wait_limit: float | None = None,
+) -> RequestFacts:
+    """The admission facts of a decoded generation request to ``path``.
+
+    ``tenant``, ``priority`` (the header's, which wins over the body's) and ``wait_limit`` come from the
+    request's headers: given here, the facts are built once.
+    """
     ids: list[tuple[int, ...]] | None
     if path.endswith("/chat/completions") or path.endswith("/responses"):
         param = "input" if path.endswith("/responses") else "messages"
@@ -260,7 +272,7 @@ def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> Req
         if output is None:
             output = COMPLETIONS_DEFAULT_MAX_TOKENS
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
-    priority = _optional_int(body, "priority")
+    body_priority = _optional_int(body, "priority")
     truncate = _optional_int(body, "truncate_prompt_tokens")
     if truncate is not None and truncate > 0:
         counts = [min(count, truncate) for count in counts]
@@ -275,7 +287,9 @@ def request_facts(path: str, body: dict[str, Any], counter: TokenCounter) -> Req
         min_output_tokens=max(0, _optional_int(body, "min_tokens") or 0),
         ignore_eos=_optional_bool(body, "ignore_eos"),
         stream=_optional_bool(body, "stream"),
-        priority=priority,
+        priority=body_priority if priority is None else priority,
+        tenant=tenant,
+        wait_limit=wait_limit,
         model=model if isinstance(model, str) else "",
         route=path,
         prompt_ids=None if ids is None else tuple(ids),

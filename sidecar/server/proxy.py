@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -170,6 +170,12 @@ class Proxy:
     async def _read_body(self, request: web.Request) -> bytes:
         if not request.body_exists:
             return b""
+        content = request.content
+        if content.is_eof():  # the whole body came with the head: no clock, no iteration (the common case)
+            whole = content.read_nowait(-1)
+            if len(whole) > self.settings.limits.max_body_bytes:
+                raise _BodyTooLargeError
+            return whole
         chunks: list[bytes] = []
         size = 0
         async with asyncio.timeout(self.settings.limits.body_timeout):
@@ -186,17 +192,17 @@ class Proxy:
                 return max(0.0, parse_duration(raw))
         return None
 
-    def _priority(self, request: web.Request, body_priority: int | None) -> int:
+    def _header_priority(self, request: web.Request) -> int | RefusedError | None:
+        """The priority header's value, the refusal it earns if it is no integer, or ``None`` without one."""
         raw = request.headers.get(self.settings.limits.priority_header)
-        if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                raise RefusedError(
-                    Reason.INVALID_REQUEST,
-                    f"header {self.settings.limits.priority_header} must be an integer",
-                ) from None
-        return body_priority or 0
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            return RefusedError(
+                Reason.INVALID_REQUEST, f"header {self.settings.limits.priority_header} must be an integer"
+            )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admit (for generation routes) and forward one request; count how it ended exactly once."""
@@ -252,18 +258,21 @@ class Proxy:
 
         Large bodies are decoded and counted in a worker thread, so the event loop never waits on them.
         """
-        path = request.path
+        path, header_priority = request.path, self._header_priority(request)
+        tenant, wait_limit = tenant_of(request, self.settings.limits.tenant_header), self._wait_limit(request)
+        priority = header_priority if isinstance(header_priority, int) else None
+
+        def facts_of() -> RequestFacts:
+            decoded = decode_json_body(body)
+            return request_facts(
+                path, decoded, self.counter, tenant=tenant, priority=priority, wait_limit=wait_limit
+            )
+
         threshold = OFFLOAD_EXACT_BODY_BYTES if self.counter.exact else OFFLOAD_BODY_BYTES
-        if len(body) < threshold:
-            facts = request_facts(path, decode_json_body(body), self.counter)
-        else:
-            facts = await asyncio.to_thread(lambda: request_facts(path, decode_json_body(body), self.counter))
-        return replace(
-            facts,
-            tenant=tenant_of(request, self.settings.limits.tenant_header),
-            priority=self._priority(request, facts.priority),
-            wait_limit=self._wait_limit(request),
-        )
+        facts = facts_of() if len(body) < threshold else await asyncio.to_thread(facts_of)
+        if isinstance(header_priority, RefusedError):  # after the body's own refusals, as before
+            raise header_priority
+        return facts
 
     async def _forward_whole(
         self, request: web.Request, upstream: aiohttp.ClientResponse, ticket: Ticket | None, *, lane: str,
@@ -277,7 +286,7 @@ class Proxy:
             self.log.warning("upstream_broke_off", error=f"{type(exc).__name__}: {exc}", path=request.path)
             return error_response(RefusedError(Reason.ENGINE_ERROR, "the engine broke off its answer"))
         finally:
-            self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
+            self.metrics.ttfb_of(lane).observe(time.perf_counter() - started)
         upstream.release()
         if ticket is not None and upstream.status == 200:
             answer = AnswerLength(ticket)
@@ -287,7 +296,7 @@ class Proxy:
                 self.controller.metrics.output_sample("usage")
         headers = response_headers(upstream.headers)
         headers.popall("Content-Length", None)  # web.Response sets it from the body
-        self.metrics.duration.labels(lane=lane).observe(time.perf_counter() - started)
+        self.metrics.duration_of(lane).observe(time.perf_counter() - started)
         return web.Response(status=upstream.status, reason=upstream.reason, body=data, headers=headers)
 
     def _refuse(self, account: _Account, reason: Reason, message: str) -> web.Response:
@@ -359,7 +368,7 @@ class Proxy:
             try:
                 async for chunk in upstream.content.iter_any():
                     if first:
-                        self.metrics.ttfb.labels(lane=lane).observe(time.perf_counter() - started)
+                        self.metrics.ttfb_of(lane).observe(time.perf_counter() - started)
                         first = False
                     await response.write(chunk)
                     if answer is not None and (generated := answer.feed(chunk)) is not None:
@@ -387,4 +396,4 @@ class Proxy:
                 upstream.release()
             else:
                 upstream.close()  # closing the connection makes vLLM abort the request
-            self.metrics.duration.labels(lane=lane).observe(time.perf_counter() - started)
+            self.metrics.duration_of(lane).observe(time.perf_counter() - started)
