@@ -312,6 +312,19 @@ async def test_body_limit(fake_vllm: FakeVllm) -> None:
             session.post(running.proxy + "/echo/x", data=chunked()) as r,
         ):
             assert r.status == 413
+        # the whole chunked body in the head's packet: read without waiting, and still held to the limit
+        host, port = running.proxy.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /echo/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"7d0\r\n"
+            + b" " * 2000
+            + b"\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        status_line = await reader.readline()
+        writer.close()
+        assert status_line.split()[1] == b"413"
         assert fake_vllm.state.generation_requests == 0
     finally:
         await running.app.stop()
