@@ -208,6 +208,7 @@ class Ledger:
     gpu_memory_bytes: int
     kv_pool_bytes: int
     kv_pool_tokens: int
+    kv_pool_blocks: int  # vLLM's num_gpu_blocks: blocks of one KV cache group's layers
     max_concurrency: float
     verdict: Verdict
     notes: tuple[str, ...] = field(default=())
@@ -305,22 +306,26 @@ def build_ledger(request: PlanRequest) -> Ledger:
     }
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
-    if request.num_gpu_blocks_override is not None:  # vLLM's blocks hold one KV cache group's layers
-        pool = round(
-            request.num_gpu_blocks_override
-            * request.block_size
-            * per_layer
-            * kv_groups(kinds).layers_per_group
-        )
+    # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
+    groups = kv_groups(kinds)
+    group_block_bytes = request.block_size * per_layer * groups.layers_per_group
+    if request.num_gpu_blocks_override is not None:
+        pool = round(request.num_gpu_blocks_override * group_block_bytes)
     elif request.kv_cache_memory_bytes is not None:
         pool = request.kv_cache_memory_bytes
     else:
         pool = max(0, requested - sum(profile.values()))
     num_blocks = int(pool // block_bytes) if block_bytes else 0
-    request_bytes = sum(
-        per_layer * request.block_size * _blocks_per_request(request, k, length) for k in kinds
+    request_blocks = groups.full * _blocks_per_request(request, LayerKind.FULL, length) + (
+        groups.sliding * _blocks_per_request(request, LayerKind.SLIDING, length)
     )
-    max_concurrency = round(num_blocks * block_bytes / request_bytes, 2) if request_bytes else 0.0
+    pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
+    exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
+    max_concurrency = round(exact_concurrency, 2)
+    if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding > 0):
+        pool_tokens = int(exact_concurrency * length)
+    else:
+        pool_tokens = num_blocks * request.block_size
 
     if total > request.gpu_memory_bytes or max_concurrency < 1:
         verdict = Verdict.DOES_NOT_FIT
@@ -343,7 +348,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
         total_bytes=total,
         gpu_memory_bytes=request.gpu_memory_bytes,
         kv_pool_bytes=pool,
-        kv_pool_tokens=num_blocks * request.block_size,
+        kv_pool_tokens=pool_tokens,
+        kv_pool_blocks=pool_blocks,
         max_concurrency=max_concurrency,
         verdict=verdict,
         notes=_notes(request, max_concurrency, (weights, profile["weights"])),

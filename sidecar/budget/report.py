@@ -31,6 +31,7 @@ def _figures(ledger: Ledger) -> dict[str, Any]:
         "headroom_bytes": ledger.headroom_bytes,
         "kv_pool_bytes": ledger.kv_pool_bytes,
         "kv_pool_tokens": ledger.kv_pool_tokens,
+        "kv_pool_blocks": ledger.kv_pool_blocks,
         "max_concurrency": ledger.max_concurrency,
         "verdict": ledger.verdict.value,
         "vllm_profile": {

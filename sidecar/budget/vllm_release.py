@@ -90,6 +90,16 @@ class VllmRelease:
         extra = TENSOR_PARALLEL_NON_TORCH_BYTES if tensor_parallel_size > 1 and self.at_least(11) else 0
         return NON_TORCH_BYTES + extra
 
+    def pool_tokens_are_concurrency_times_length(self, *, windowed: bool) -> bool:
+        """Whether "KV cache size: N tokens" is ``max_concurrency x max_model_len``, not blocks x block size.
+
+        From 0.22 for models with sliding-window layers (0.32.0 as installed: ``get_kv_cache_capacity`` in
+        ``vllm/v1/core/kv_cache_utils.py`` multiplies the group-aware concurrency by ``max_model_len``,
+        which ``cache_config_info`` reports as ``kv_cache_size_tokens``; the calibration table's 0.29
+        gpt-oss rows print it so); with one full-attention group the two figures agree.
+        """
+        return windowed and self.at_least(22)
+
     def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
         """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""
         return self.at_least(20) and not enforce_eager

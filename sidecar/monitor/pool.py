@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from sidecar.admission.capacity import PoolView
 from sidecar.admission.geometry import LayoutAnswer, engine_blocks_per_request, resolve_layout
-from sidecar.budget.architecture import LayerKind
 from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
@@ -79,19 +78,18 @@ def admission_pool(monitor: Monitor) -> PoolAnswer:
             f"the {snapshot.kind} page reports no KV pool in blocks (the prediction is vLLM's arithmetic)",
         )
     ledger = monitor.ledger
-    if ledger is None or not ledger.kv_pool_tokens:
+    if ledger is None or not ledger.kv_pool_blocks:
         why = "the engine's page has not been read yet" if snapshot is None else "no KV pool known yet"
         return PoolAnswer(None, f"{why} (the engine's cache config, or a prediction)")
     block_size = ledger.request.block_size
     layout = _layout(monitor, block_size, None)
     if layout.layout is None:
         return PoolAnswer(None, layout.why)
-    kinds = ledger.request.architecture.layer_kinds
-    attention_layers = sum(1 for kind in kinds if kind is not LayerKind.NONE)
-    # the budget's block holds every attention layer; vLLM's holds one group's layers
-    blocks = ledger.kv_pool_tokens // block_size * attention_layers // kv_groups(kinds).layers_per_group
     return PoolAnswer(
         PoolView(
-            blocks=usable_blocks(blocks), block_size=block_size, source="prediction", layout=layout.layout
+            blocks=usable_blocks(ledger.kv_pool_blocks),
+            block_size=block_size,
+            source="prediction",
+            layout=layout.layout,
         )
     )

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from sidecar.budget import Ledger, PlanRequest, architecture_from_config, build_ledger
-from sidecar.budget.architecture import LayerKind
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.units import GIB
 
@@ -80,14 +79,12 @@ def plan(row: dict[str, Any]) -> Ledger:
 def predict(row: dict[str, Any]) -> Prediction:
     """Plan ``row`` and compare the pool and concurrency with what its log printed."""
     ledger = plan(row)
-    request, arch, release = ledger.request, ledger.request.architecture, ledger.request.release
-    tokens = ledger.kv_pool_tokens
-    if (
-        release.at_least(22) and LayerKind.SLIDING in arch.layer_kinds
-    ):  # logged as concurrency x length (0.22+)
-        tokens = int(ledger.max_concurrency * request.effective_max_model_len)
     return Prediction(
-        row["id"], tokens, row["kv_cache_tokens"], ledger.max_concurrency, row.get("max_concurrency")
+        row["id"],
+        ledger.kv_pool_tokens,  # as vLLM logs it (the release's rule)
+        row["kv_cache_tokens"],
+        ledger.max_concurrency,
+        row.get("max_concurrency"),
     )
 
 

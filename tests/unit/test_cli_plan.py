@@ -35,6 +35,7 @@ JSON_FIELDS = {
     "gpu_memory_bytes",
     "kv_pool_bytes",
     "kv_pool_tokens",
+    "kv_pool_blocks",
     "max_concurrency",
     "verdict",
     "options",

@@ -11,7 +11,9 @@ import pytest
 from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, Steps, prompt_hashes
 from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout, engine_blocks_per_request, resolve_layout
 from sidecar.budget.architecture import LayerKind, architecture_from_config
+from sidecar.budget.catalog import resolve_model
 from sidecar.budget.kv_groups import KvGroups, kv_groups, sliding_window_blocks
+from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
@@ -185,8 +187,35 @@ def test_the_predicted_pool_counts_vllms_blocks_of_one_group_each() -> None:
     monitor.refresh(0.0)
     assert monitor.ledger is not None
     assert monitor.ledger.max_concurrency == 1.33  # the real server: "Maximum concurrency ...: 1.33x"
+    assert monitor.ledger.kv_pool_tokens == 1365  # its "KV cache size: 1,365 tokens" (kv_cache_size_tokens)
     answer = admission_pool(monitor)
     assert answer.view is not None
     assert answer.view.source == "prediction"
     assert answer.view.layout == GroupLayout(1, 1, 4)  # the budget's cap: 127 + 256 tokens in flight
     assert answer.view.blocks == 15  # 16 of vLLM's blocks, one of them null
+
+
+def test_padding_layers_of_an_uneven_hybrid_cost_pool_blocks() -> None:
+    """Gemma 3 4B: 5 full and 29 sliding layers make 1 + 6 groups of 5 (one layer of padding), as vLLM pads."""
+    arch = resolve_model("gemma-3-4b")
+    assert kv_groups(arch.layer_kinds) == KvGroups(1, 6, 5)
+    request = PlanRequest(arch, 24 * GIB, max_model_len=32768, max_num_batched_tokens=2048, block_size=16)
+    ledger = build_ledger(request)
+    full, sliding = 32768 // 16, sliding_window_blocks(1024, 2048, 32768, 16)
+    assert ledger.max_concurrency == round(ledger.kv_pool_blocks / (full + 6 * sliding), 2)
+    unpadded = ledger.kv_pool_blocks * 5 / (5 * full + 29 * sliding)  # the layers without the padding
+    assert ledger.max_concurrency < unpadded
+
+
+@pytest.mark.parametrize(("version", "tokens_from"), [("0.19.0", "blocks"), ("0.32.0", "concurrency")])
+def test_a_windowed_pool_is_reported_as_the_release_logs_it(version: str, tokens_from: str) -> None:
+    request = PlanRequest(
+        resolve_model("gemma-3-4b"), 24 * GIB, max_model_len=32768, max_num_batched_tokens=2048,
+        block_size=16, vllm_version=version,
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    if tokens_from == "blocks":  # blocks of every layer x block size
+        assert ledger.kv_pool_tokens == ledger.kv_pool_bytes // (ledger.kv_bytes_per_token * 16) * 16
+    else:  # vLLM's group-aware concurrency x max_model_len
+        per_request = 32768 // 16 + 6 * sliding_window_blocks(1024, 2048, 32768, 16)
+        assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)

@@ -172,9 +172,11 @@ def test_sliding_window_blocks_per_request_follow_vllm() -> None:
     ledger = build_ledger(request)
     full_blocks = 32768 // 16
     sliding_blocks = math.ceil((4096 - 1 + 2048) / 16) + 1
-    blocks_per_layer_avg = (full_blocks + sliding_blocks) / 2
-    num_blocks = ledger.kv_pool_tokens // 16
-    assert ledger.max_concurrency == round(num_blocks / blocks_per_layer_avg, 2)
+    # 21 full and 21 sliding layers: two KV cache groups of 21 layers, one block table each
+    per_request = full_blocks + sliding_blocks
+    assert ledger.max_concurrency == round(ledger.kv_pool_blocks / per_request, 2)
+    # vLLM (0.22+) logs such a pool as concurrency x length, not blocks x block size
+    assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)
 
 
 def _request_with_headroom(fraction: float) -> PlanRequest:
