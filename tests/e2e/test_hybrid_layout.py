@@ -8,7 +8,6 @@ as the sidecar did before, let two 830-token requests run together in 15 blocks 
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,15 +16,11 @@ import pytest
 
 from sidecar.admission.decide import AdmissionMode
 from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
-from sidecar.app import RunOptions, SidecarApp
+from sidecar.app import SidecarApp
 from sidecar.budget import load_architecture
 from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
-from sidecar.logs import make_logger
-from sidecar.monitor.diagnose import MonitorSettings
-from sidecar.monitor.planning import PlanInputs
-from sidecar.monitor.scraper import ScrapeSettings
 from sidecar.signals import parse_vllm_metrics
-from sidecar.units import GIB
+from tests.e2e.test_real_vllm import start
 from tests.harness.spike import SpikeConfig, run_spike, wait_idle
 from tests.harness.vllm import VllmServer, make_tiny_model
 
@@ -60,20 +55,7 @@ def hybrid_server(
 
 
 async def _start(engine: str, model: Path | None) -> SidecarApp:
-    architecture = load_architecture(model) if model is not None else None
-    app = SidecarApp(
-        RunOptions(
-            upstream=engine,
-            admin_listen=("127.0.0.1", 0),
-            listen=("127.0.0.1", 0),
-            scrape=ScrapeSettings(interval=0.1, timeout=2.0),
-            nvml=False,
-        ),
-        PlanInputs(architecture=architecture, model="tiny", gpu_memory_bytes=24 * GIB),
-        MonitorSettings(sustain_seconds=2.0),
-        make_logger(io.StringIO()),
-    )
-    await app.start()
+    app = await start(engine, model)
     for _ in range(100):  # the first scrape and /v1/models
         if app.monitor.engine.snapshot is not None and app.monitor.request_max_model_len() is not None:
             break

@@ -28,7 +28,9 @@ from tests.harness.vllm import VllmServer
 pytestmark = pytest.mark.e2e
 
 
-async def start(engine: str, model: Path, **options: object) -> SidecarApp:
+async def start(engine: str, model: Path | None, **options: object) -> SidecarApp:
+    """A sidecar in front of ``engine``, predicting with ``model``'s config (``None``: no model given)."""
+    architecture = load_architecture(model) if model is not None else None
     app = SidecarApp(
         RunOptions(
             upstream=engine,
@@ -38,7 +40,7 @@ async def start(engine: str, model: Path, **options: object) -> SidecarApp:
             nvml=False,
             **options,  # type: ignore[arg-type]
         ),
-        PlanInputs(architecture=load_architecture(model), model=str(model), gpu_memory_bytes=24 * GIB),
+        PlanInputs(architecture=architecture, model=str(model or "tiny"), gpu_memory_bytes=24 * GIB),
         MonitorSettings(sustain_seconds=2.0),
         make_logger(io.StringIO()),
     )
