@@ -5,8 +5,10 @@ Run: ``.venv/bin/python -m bench.admission_ab --shape mid-size --rounds 4 --vari
 and sends it straight to vLLM and through a fresh ``kv-sidecar run`` per variant, in an order that alternates
 between rounds; before each run vLLM's prefix cache is reset, so no run rides on blocks an earlier one left
 cached, and every target of a round gets the same token-id prompts and sampling seeds (fresh per round). A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
-``name=`` alone is the defaults). Prints each run and the medians (makespan, short p95, preemptions, lost); the
-engine is the admission suite's (started here unless ``--engine-url`` is given).
+``name=`` alone is the defaults). ``--bare`` adds a target that goes through ``bench/bare_proxy.py`` (the
+40-line streaming aiohttp pass-through, no admission): the hop's own cost on this machine, apart from what
+the policy does. Prints each run and the medians (makespan, short p95, preemptions, lost); the engine is the
+admission suite's (started here unless ``--engine-url`` is given).
 """
 
 from __future__ import annotations
@@ -15,30 +17,61 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from tests.harness.admission_suite import SHAPES, plan, reset_prefix_cache, run_once, through_sidecar
+from tests.harness.admission_suite import (
+    SHAPES,
+    Planned,
+    plan,
+    reset_prefix_cache,
+    run_once,
+    stop_process,
+    through_sidecar,
+)
 from tests.harness.spike import wait_idle
-from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
+from tests.harness.vllm import VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 
 STRAIGHT = "straight"
+BARE = "bare"
+
+
+async def through_bare_proxy(
+    engine: str, shape_name: str, planned: list[Planned], token_seed: int
+) -> dict[str, Any]:
+    """One run through a fresh bare streaming proxy in front of ``engine``."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.bare_proxy", str(port), engine],
+        cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await wait_http(f"http://127.0.0.1:{port}/v1/models", within=30)
+        return await run_once(f"http://127.0.0.1:{port}", engine, SHAPES[shape_name], planned, token_seed)
+    finally:
+        stop_process(process)
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``name=ARG,ARG`` -> (name, args)."""
     name, _, args = text.partition("=")
-    if not name or name == STRAIGHT:
-        raise argparse.ArgumentTypeError(f"a variant needs a name other than {STRAIGHT!r}: {text!r}")
+    if not name or name in {STRAIGHT, BARE}:
+        raise argparse.ArgumentTypeError(
+            f"a variant needs a name other than {STRAIGHT!r} or {BARE!r}: {text!r}"
+        )
     return name, [a for a in args.split(",") if a]
 
 
 async def compare(
-    engine: str, model: Path, shape_name: str, rounds: int, variants: dict[str, list[str]], workdir: Path
-) -> dict[str, list[dict[str, float]]]:
-    """Every round: the same draw straight and through each variant; per target, each run's figures."""
+    engine: str, model: Path, shape_name: str, rounds: int, variants: dict[str, list[str]], workdir: Path,
+    *, bare: bool = False,
+) -> dict[str, list[dict[str, float]]]:  # fmt: skip
+    """Every round: the same draw straight, through each variant (and the bare proxy); each run's figures."""
     shape = SHAPES[shape_name]
-    targets = [STRAIGHT, *variants]
+    targets = [STRAIGHT, *([BARE] if bare else []), *variants]
     runs: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
     index = 0
     for round_ in range(rounds):
@@ -49,6 +82,8 @@ async def compare(
             index += 1
             if target == STRAIGHT:
                 summary = await run_once(engine, engine, shape, planned, 9000 + round_)
+            elif target == BARE:
+                summary = await through_bare_proxy(engine, shape_name, planned, 9000 + round_)
             else:
                 log = workdir / f"{target}-{index}.log"
                 summary = await through_sidecar(
@@ -71,6 +106,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
+    parser.add_argument("--bare", action="store_true", help="also run through the bare aiohttp proxy")
     parser.add_argument("--engine-url", help="a running vLLM started with the harness's settings")
     parser.add_argument(
         "--max-num-seqs", type=int, default=4, help="told to every sidecar (the harness starts 4)"
@@ -87,7 +123,7 @@ def main() -> None:
         server.start()
     try:
         runs = asyncio.run(compare(server.url if server else args.engine_url, model, args.shape, args.rounds,
-                                   variants, workdir))  # fmt: skip
+                                   variants, workdir, bare=args.bare))  # fmt: skip
     finally:
         if server is not None:
             server.stop()
