@@ -36,10 +36,7 @@ PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 def fallback_reason(monitor: Monitor) -> str:
     """Why capacity admission has no pool to plan against (what ``/status`` says of the fallback)."""
-    answer = admission_pool(monitor)
-    if answer.view is None:
-        return answer.why
-    return "no max_model_len known yet (the engine's /v1/models, or --max-model-len)"
+    return admission_pool(monitor).why  # empty while a pool is known (then capacity is not falling back)
 
 
 def layout_document(pool: PoolView | None) -> dict[str, int] | None:
