@@ -1,6 +1,7 @@
 """How fast a gateway's scrape of the traffic port is answered while the proxy carries load.
 
-Run: ``.venv/bin/python -m bench.gateway_metrics [--seconds 5] [--rounds 3] [--connections 8] [--engine fast|vllm]``.
+Run: ``.venv/bin/python -m bench.gateway_metrics [--seconds 5] [--rounds 3] [--connections 8]
+[--engine fast|vllm] [--client raw|aiohttp]``.
 
 An inference gateway's endpoint picker scrapes every pod's traffic port for ``/metrics`` every
 50 ms and, with flow control on, treats figures older than 200 ms as saturation. This starts the
@@ -8,14 +9,17 @@ fast upstream (``bench.fast_upstream``: a recorded real vLLM 0.32 page, 46 KB) a
 in front of it, then per round, side by side: the scrape latency of the upstream's own page
 (``direct``) and of the sidecar's proxy port (``sidecar``), each idle and while a separate
 process keeps ``--connections`` keep-alive connections of completions going through the sidecar.
-The scraper polls like the EPP: one GET every 50 ms on a kept-alive connection. The table reports
-medians over rounds of p50, p99 and max in milliseconds.
+The scraper polls like the EPP: one GET every 50 ms on a kept-alive connection, by default from a bare
+socket (``--client raw``: the EPP's Go client costs microseconds; aiohttp's client would cost about as
+much as the answer). The table reports medians over rounds of p50, p99 and max in milliseconds.
 
 ``--engine fast`` (the default) is the worst case for the sidecar: the fast upstream answers at once,
 so eight connections keep the proxy's event loop busy all the time (~1,300 requests a second here).
 ``--engine vllm`` puts the real vLLM CPU server (the tiny generated model, ``tests/harness/vllm.py``)
 behind it, as a user would: eight connections of real completions (fresh random prompts, 64 tokens
-out), the proxy mostly waiting on the engine, the engine using the machine's cores.
+out), the proxy mostly waiting on the engine, the engine using the machine's cores. It adds a control,
+``static``: a plain aiohttp server answering a recorded 46 KB page from memory (``bench.fast_upstream``),
+scraped under the same load, so the table shows what this machine gives any Python server's page.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import os
 import platform
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +46,39 @@ from bench.proxy_overhead import RESULTS, free_port, start, stop_all, throughput
 from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
 
 POLL_SECONDS = 0.05  # the EPP's default refresh interval
+
+
+def raw_scrape_latencies(url: str, seconds: float) -> list[float]:
+    """As :func:`scrape_latencies`, with a blocking socket and no HTTP library (run it in a thread).
+
+    The EPP is a Go program; its client costs microseconds a scrape. aiohttp's client costs about as much as
+    the answer itself on this machine (both sides are Python), so this poller writes the request line and
+    reads ``Content-Length`` bytes, nothing more: what it measures is the server's answer and the loopback.
+    """
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    path = "/" + url.split("//", 1)[1].split("/", 1)[1]
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    out: list[float] = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffered = b""
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            sock.sendall(request)
+            while b"\r\n\r\n" not in buffered:
+                buffered += sock.recv(65536)
+            head, _, buffered = buffered.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )  # fmt: skip
+            while len(buffered) < length:
+                buffered += sock.recv(262144)
+            buffered = buffered[length:]
+            out.append(time.perf_counter() - started)
+            time.sleep(max(0.0, POLL_SECONDS - (time.perf_counter() - started)))
+    return out
 
 
 async def scrape_latencies(url: str, seconds: float) -> list[float]:
@@ -102,7 +140,9 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-async def run(seconds: float, rounds: int, connections: int, engine: str) -> dict[str, dict[str, float]]:
+async def run(
+    seconds: float, rounds: int, connections: int, engine: str, client: str = "raw"
+) -> dict[str, dict[str, float]]:
     """Measure every (target, load) pair per round; medians over rounds."""
     proxy_port, admin_port = free_port(), free_port()
     proxy = f"http://127.0.0.1:{proxy_port}"
@@ -114,13 +154,20 @@ async def run(seconds: float, rounds: int, connections: int, engine: str) -> dic
                 python, make_tiny_model(python, workdir / "tiny-model"), log_path=workdir / "vllm.log"
             )
             stack.enter_context(server)
-            return await _measure(server.url, proxy, admin_port, [], seconds, rounds, connections, real=True)
+            control_port = free_port()
+            control = f"http://127.0.0.1:{control_port}"
+            processes = [start([sys.executable, "-m", "bench.fast_upstream", str(control_port)])]
+            await wait_ready(control + "/v1/models")
+            return await _measure(
+                server.url, proxy, admin_port, processes, seconds, rounds, connections,
+                real=True, client=client, control=control,
+            )  # fmt: skip
         upstream_port = free_port()
         upstream = f"http://127.0.0.1:{upstream_port}"
         processes = [start([sys.executable, "-m", "bench.fast_upstream", str(upstream_port)])]
         await wait_ready(upstream + "/v1/models")
         return await _measure(
-            upstream, proxy, admin_port, processes, seconds, rounds, connections, real=False
+            upstream, proxy, admin_port, processes, seconds, rounds, connections, real=False, client=client
         )
 
 
@@ -134,6 +181,8 @@ async def _measure(
     connections: int,
     *,
     real: bool,
+    client: str,
+    control: str | None = None,
 ) -> dict[str, dict[str, float]]:
     proxy_port = proxy.rsplit(":", 1)[1]
     processes.append(
@@ -147,12 +196,20 @@ async def _measure(
             await throughput(proxy, 1.0, connections)  # warm both up
         for _ in range(rounds):
             for loaded in (False, True):
-                for name, url in (("direct", upstream), ("sidecar", proxy)):
+                targets = [("direct", upstream), ("sidecar", proxy)] + (
+                    [("static", control)] if control else []
+                )
+                for name, url in targets:
                     load = start_load(proxy, seconds + 1.0, connections, real=real) if loaded else None
                     if load is not None:
                         await asyncio.sleep(0.5)
                     row = samples.setdefault(f"{name} {'loaded' if loaded else 'idle'}", {})
-                    for key, value in summary(await scrape_latencies(url + "/metrics", seconds)).items():
+                    scraped = (
+                        await asyncio.to_thread(raw_scrape_latencies, url + "/metrics", seconds)
+                        if client == "raw"
+                        else await scrape_latencies(url + "/metrics", seconds)
+                    )
+                    for key, value in summary(scraped).items():
                         row.setdefault(key, []).append(value)
                     if load is not None:
                         output, _ = load.communicate(timeout=seconds + 30)
@@ -171,8 +228,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8, help="load connections through the sidecar")
     parser.add_argument("--engine", choices=("fast", "vllm"), default="fast", help="what the sidecar fronts")
+    parser.add_argument(
+        "--client", choices=("raw", "aiohttp"), default="raw",
+        help="the poller: a bare socket, as cheap as the EPP's Go client (default), or aiohttp's",
+    )  # fmt: skip
     args = parser.parse_args()
-    result = asyncio.run(run(args.seconds, args.rounds, args.connections, args.engine))
+    result = asyncio.run(run(args.seconds, args.rounds, args.connections, args.engine, args.client))
     print(f"{'/metrics of':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'load req/s':>12}")
     for name, row in result.items():
         rps = f"{row['load_rps']:>12.0f}" if "load_rps" in row else f"{'-':>12}"
@@ -180,7 +241,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "connections": args.connections,
-               "engine": args.engine}  # fmt: skip
+               "engine": args.engine, "client": args.client}  # fmt: skip
     out = RESULTS / f"gateway_metrics-{stamp}.json"
     out.write_text(json.dumps({"date": stamp, "machine": machine, "results": result}, indent=2) + "\n")
     print(f"written to {out.relative_to(RESULTS.parent.parent)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from collections.abc import Callable
@@ -348,8 +349,21 @@ class SidecarApp:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await self.start()
+        settle_heap()
         try:
             await stop.wait()
             await self.drain()
         finally:
             await self.stop()
+
+
+def settle_heap() -> None:
+    """Move everything built at start-up out of the garbage collector's reach (``gc.freeze``).
+
+    The start-up heap (imports, the parsed model config, the registry: about 50,000 tracked objects) is
+    alive for the process's life, yet every full collection walked it: 30 ms pauses under load on the
+    2-core dev VM, stalling the proxy and the gateway's ``/metrics`` alike (README, "Benchmarks"). Frozen
+    objects are never collected, so this is only for objects that live as long as the process.
+    """
+    gc.collect()
+    gc.freeze()
