@@ -121,6 +121,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "allow_long_max_model_len": allow_long,  # read as vLLM's envs.py reads it
         "vllm_version": args.vllm_version,
         "enforce_eager": args.enforce_eager,
+        "async_scheduling": args.async_scheduling,
         "cuda_graph_bytes": args.cuda_graph_memory,
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,

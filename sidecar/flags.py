@@ -211,6 +211,13 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         + (", or what the engine's /version says)" if engine_fills_in else ")"),
     )
     add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
+    add(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=default_of(PlanRequest, "async_scheduling"),  # not on the engine's page: never engine-filled
+        help="vLLM --[no-]async-scheduling: from 0.26 a sliding-window cap counts two batches in flight "
+        "with it (on by default on GPUs; vLLM's CPU platform turns it off)",
+    )
     add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
     add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
     add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")

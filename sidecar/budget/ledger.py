@@ -100,6 +100,7 @@ class PlanRequest:
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     vllm_version: str = NEWEST_MODELLED  # selects the release's defaults and profiling rules
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
+    async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
 
     def __post_init__(self) -> None:
@@ -169,6 +170,12 @@ class PlanRequest:
             self.gpu_memory_bytes, self.gpu, self.effective_max_model_len
         )
         return self.max_num_batched_tokens or tokens, self.max_num_seqs or seqs
+
+    @property
+    def in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled, which a sliding-window cap adds (vLLM's in-flight tokens)."""
+        batches = self.release.batches_in_flight(async_scheduling=self.async_scheduling)
+        return self.effective_batch[0] * batches
 
     @property
     def effective_cuda_graph_bytes(self) -> int:
@@ -248,7 +255,7 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     if kind is LayerKind.NONE:
         return 0
     if kind is LayerKind.SLIDING and window:
-        return min(full_blocks, sliding_window_blocks(window, request.effective_batch[0], length, block))
+        return min(full_blocks, sliding_window_blocks(window, request.in_flight_tokens, length, block))
     return full_blocks
 
 

@@ -57,6 +57,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "gpu_memory_utilization": req.effective_gpu_memory_utilization,
         "vllm_version": str(req.release),
         "enforce_eager": req.enforce_eager,
+        "async_scheduling": req.async_scheduling,
         "tensor_parallel_size": req.tensor_parallel_size,
         "block_size": req.block_size,
         "max_num_seqs": req.effective_batch[1],

@@ -28,6 +28,16 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   They size the profile's dummy batch (the activation peak) and the sampler's rows. Before 0.8 (the V0
   engine's ``SchedulerConfig``) the batch is ``max(max_model_len, 2048)`` tokens unless chunked prefill
   is on (automatically above 32K), over 256 sequences.
+* **Sliding-window caps count every batch in flight from 0.26.0**: a request holds at most
+  ``cdiv(min(window - 1 + in_flight, max_model_len), block) + 1`` blocks in a sliding group
+  (``SlidingWindowSpec.max_admission_blocks_per_request``), where ``in_flight`` is
+  ``VllmConfig.max_in_flight_tokens`` = ``max_concurrent_batches x max_num_batched_tokens`` (0.32.0 as
+  installed, ``vllm/config/vllm.py``; the 0.26.0 rename from ``max_num_batched_tokens`` is what the
+  review of tenstorrent/tt-xla PR #5908 found in its 0.26.0 uplift). Async scheduling makes that two
+  batches: it is on by default (``VllmConfig.__post_init__`` turns it on unless pooling, an unsupported
+  speculative method, an executor without support, or PP with the V1 runner) except on the CPU
+  platform, which turns it off (``vllm/platforms/cpu.py``; this project's CPU server reports one batch).
+  Before 0.26 the cap adds one batch.
 * **Non-torch memory** is about 0.25 GiB per GPU at TP 1 and grows by about 1.8 GiB at TP >= 2 from 0.11
   (NCCL and custom all-reduce buffers): figures read off the "non-torch forward increase memory" that the
   calibration table's vLLM 0.19 logs print, not derived from source (:data:`NON_TORCH_BYTES`,
@@ -99,6 +109,10 @@ class VllmRelease:
         gpt-oss rows print it so); with one full-attention group the two figures agree.
         """
         return windowed and self.at_least(22)
+
+    def batches_in_flight(self, *, async_scheduling: bool) -> int:
+        """How many batches of tokens a sliding-window cap adds: 2 with async scheduling from 0.26, else 1."""
+        return 2 if async_scheduling and self.at_least(26) else 1
 
     def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
         """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""

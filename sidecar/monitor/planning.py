@@ -50,6 +50,7 @@ class PlanInputs:
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
     vllm_version: str | None = None  # None: the newest modelled release
     enforce_eager: bool = False
+    async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
     cuda_graph_bytes: int | None = None
 
 
@@ -110,6 +111,7 @@ def resolve_plan_request(
         or (engine.num_gpu_blocks_override if engine else None),
         allow_long_max_model_len=inputs.allow_long_max_model_len,
         enforce_eager=inputs.enforce_eager,
+        async_scheduling=inputs.async_scheduling,
         cuda_graph_bytes=inputs.cuda_graph_bytes,
         **extra,
     )

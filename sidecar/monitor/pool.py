@@ -41,9 +41,7 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     groups = kv_groups(arch.layer_kinds)
     window = arch.sliding_window
     cap = (
-        sliding_window_blocks(window, request.effective_batch[0], max_model_len, block_size)
-        if window
-        else None
+        sliding_window_blocks(window, request.in_flight_tokens, max_model_len, block_size) if window else None
     )
     return resolve_layout(
         block_size=block_size,

@@ -23,10 +23,13 @@ from sidecar.units import GIB
 
 DATA = Path(__file__).parents[1] / "data"
 ROWS: list[dict[str, Any]] = json.loads((DATA / "vllm-startup-logs" / "calibration.json").read_text())
-BOUNDS = {"median": 0.005, "p90": 0.09, "worst": 0.70}
+BOUNDS = {"median": 0.005, "p90": 0.16, "worst": 0.52}
 """Today's figures, rounded up: a change that makes predictions worse fails. The targets (3%, 10%, 20%) are
-met for the median and p90; the worst is two gpt-oss-20b rows on an L4 (the README says what is known of
-them; issue 12 stays open for them)."""
+met for the median only. Four rows are beyond 10%: three gpt-oss-20b rows on an L4 (vLLM 0.29) and an RTX
+2000 Ada row (README, "Calibration against real start-up logs"); issue 12 stays open for them. The p90 was
+8.6% before the sliding-window cap counted async scheduling's second batch (vLLM >= 0.26): the L4 TP 2 row,
+whose expert parallelism and PCIe interconnect the planner does not model, went from -4.6% to -20.5% while
+the two TP 1 rows came closer (+68% to +51%, +41% to +17%)."""
 
 
 def excluded(row: dict[str, Any]) -> str | None:

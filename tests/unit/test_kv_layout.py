@@ -180,6 +180,7 @@ def test_the_predicted_pool_counts_vllms_blocks_of_one_group_each() -> None:
             max_num_batched_tokens=256,
             block_size=128,
             num_gpu_blocks_override=16,
+            async_scheduling=False,  # vLLM's CPU platform turns it off (vllm/platforms/cpu.py)
         ),
         MonitorSettings(),
         make_logger(io.StringIO()),
@@ -201,7 +202,7 @@ def test_padding_layers_of_an_uneven_hybrid_cost_pool_blocks() -> None:
     assert kv_groups(arch.layer_kinds) == KvGroups(1, 6, 5)
     request = PlanRequest(arch, 24 * GIB, max_model_len=32768, max_num_batched_tokens=2048, block_size=16)
     ledger = build_ledger(request)
-    full, sliding = 32768 // 16, sliding_window_blocks(1024, 2048, 32768, 16)
+    full, sliding = 32768 // 16, sliding_window_blocks(1024, 2 * 2048, 32768, 16)  # async: two batches
     assert ledger.max_concurrency == round(ledger.kv_pool_blocks / (full + 6 * sliding), 2)
     unpadded = ledger.kv_pool_blocks * 5 / (5 * full + 29 * sliding)  # the layers without the padding
     assert ledger.max_concurrency < unpadded
@@ -217,5 +218,5 @@ def test_a_windowed_pool_is_reported_as_the_release_logs_it(version: str, tokens
     if tokens_from == "blocks":  # blocks of every layer x block size
         assert ledger.kv_pool_tokens == ledger.kv_pool_bytes // (ledger.kv_bytes_per_token * 16) * 16
     else:  # vLLM's group-aware concurrency x max_model_len
-        per_request = 32768 // 16 + 6 * sliding_window_blocks(1024, 2048, 32768, 16)
+        per_request = 32768 // 16 + 6 * sliding_window_blocks(1024, 2 * 2048, 32768, 16)  # async: two batches
         assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)

@@ -157,8 +157,24 @@ def test_sliding_window_layers_cap_a_sequence_at_the_window() -> None:
     assert short.kv_bytes_per_sequence == 42 * per_layer * 2048
 
 
-def test_sliding_window_blocks_per_request_follow_vllm() -> None:
-    # A sliding layer needs cdiv(min(window - 1 + chunk, len), block) + 1 blocks, at most a full layer's.
+@pytest.mark.parametrize(
+    ("version", "async_scheduling", "sliding_blocks"),
+    [
+        ("0.19.0", True, 385),  # one batch in flight: cdiv(4095 + 2048, 16) + 1
+        ("0.25.0", True, 385),
+        (
+            "0.26.0",
+            True,
+            513,
+        ),  # max_in_flight_tokens: two batches with async scheduling, cdiv(4095 + 4096, 16) + 1
+        ("0.32.0", True, 513),
+        ("0.32.0", False, 385),  # --no-async-scheduling, or vLLM's CPU platform
+    ],
+)
+def test_sliding_window_blocks_per_request_follow_vllm(
+    version: str, async_scheduling: bool, sliding_blocks: int
+) -> None:
+    # A sliding layer needs cdiv(min(window - 1 + in flight, len), block) + 1 blocks, at most a full layer's.
     arch = resolve_model("gemma-2-9b")
     request = PlanRequest(
         arch,
@@ -168,15 +184,15 @@ def test_sliding_window_blocks_per_request_follow_vllm() -> None:
         max_num_batched_tokens=2048,
         activation_bytes=0,
         non_torch_bytes=0,
+        vllm_version=version,
+        async_scheduling=async_scheduling,
     )
     ledger = build_ledger(request)
-    full_blocks = 32768 // 16
-    sliding_blocks = math.ceil((4096 - 1 + 2048) / 16) + 1
     # 21 full and 21 sliding layers: two KV cache groups of 21 layers, one block table each
-    per_request = full_blocks + sliding_blocks
+    per_request = 2048 + sliding_blocks
     assert ledger.max_concurrency == round(ledger.kv_pool_blocks / per_request, 2)
-    # vLLM (0.22+) logs such a pool as concurrency x length, not blocks x block size
-    assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)
+    if VllmRelease.parse(version).at_least(22):  # logged as concurrency x length, not blocks x block size
+        assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)
 
 
 def _request_with_headroom(fraction: float) -> PlanRequest:
