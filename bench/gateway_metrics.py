@@ -39,6 +39,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -55,11 +56,11 @@ def raw_scrape_latencies(url: str, seconds: float) -> list[float]:
     the answer itself on this machine (both sides are Python), so this poller writes the request line and
     reads ``Content-Length`` bytes, nothing more: what it measures is the server's answer and the loopback.
     """
-    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    path = "/" + url.split("//", 1)[1].split("/", 1)[1]
-    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    request = f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
     out: list[float] = []
-    with socket.create_connection((host, int(port))) as sock:
+    with socket.create_connection((host, port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffered = b""
         deadline = time.perf_counter() + seconds
