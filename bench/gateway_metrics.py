@@ -7,8 +7,11 @@ An inference gateway's endpoint picker scrapes every pod's traffic port for ``/m
 50 ms and, with flow control on, treats figures older than 200 ms as saturation. This starts the
 fast upstream (``bench.fast_upstream``: a recorded real vLLM 0.32 page, 46 KB) and ``kv-sidecar run``
 in front of it, then per round, side by side: the scrape latency of the upstream's own page
-(``direct``) and of the sidecar's proxy port (``sidecar``), each idle and while a separate
-process keeps ``--connections`` keep-alive connections of completions going through the sidecar.
+(``direct``) and of the sidecar's proxy port, each idle and while a separate process keeps
+``--connections`` keep-alive connections of completions going through the sidecar. The proxy port is
+scraped twice: ``sidecar``, a connection that only scrapes, as the EPP's (the connection guard answers it
+where its bytes arrive, ``sidecar/server/scrape_path.py``), and ``sidecar-aiohttp``, a connection that
+carried one other request first, so its scrapes take the proxy application's route through aiohttp.
 The scraper polls like the EPP: one GET every 50 ms on a kept-alive connection, by default from a bare
 socket (``--client raw``: the EPP's Go client costs microseconds; aiohttp's client would cost about as
 much as the answer). The table reports medians over rounds of p50, p99 and max in milliseconds.
@@ -49,12 +52,14 @@ from tests.harness.vllm import VllmServer, make_tiny_model, vllm_python
 POLL_SECONDS = 0.05  # the EPP's default refresh interval
 
 
-def raw_scrape_latencies(url: str, seconds: float) -> list[float]:
+def raw_scrape_latencies(url: str, seconds: float, *, first: str | None = None) -> list[float]:
     """As :func:`scrape_latencies`, with a blocking socket and no HTTP library (run it in a thread).
 
     The EPP is a Go program; its client costs microseconds a scrape. aiohttp's client costs about as much as
     the answer itself on this machine (both sides are Python), so this poller writes the request line and
     reads ``Content-Length`` bytes, nothing more: what it measures is the server's answer and the loopback.
+    ``first``: a path to GET once before polling, on the same connection (``sidecar-aiohttp``: a connection
+    that carried another request is the proxy application's, so its scrapes take aiohttp's route).
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -63,23 +68,30 @@ def raw_scrape_latencies(url: str, seconds: float) -> list[float]:
     with socket.create_connection((host, port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffered = b""
+        if first is not None:
+            buffered = _raw_get(sock, f"GET {first} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode(), b"")
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            sock.sendall(request)
-            while b"\r\n\r\n" not in buffered:
-                buffered += sock.recv(65536)
-            head, _, buffered = buffered.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )  # fmt: skip
-            while len(buffered) < length:
-                buffered += sock.recv(262144)
-            buffered = buffered[length:]
+            buffered = _raw_get(sock, request, buffered)
             out.append(time.perf_counter() - started)
             time.sleep(max(0.0, POLL_SECONDS - (time.perf_counter() - started)))
     return out
+
+
+def _raw_get(sock: socket.socket, request: bytes, buffered: bytes) -> bytes:
+    """Send ``request`` and read its whole answer; the bytes read past it."""
+    sock.sendall(request)
+    while b"\r\n\r\n" not in buffered:
+        buffered += sock.recv(65536)
+    head, _, buffered = buffered.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )  # fmt: skip
+    while len(buffered) < length:
+        buffered += sock.recv(262144)
+    return buffered[length:]
 
 
 async def scrape_latencies(url: str, seconds: float) -> list[float]:
@@ -197,16 +209,21 @@ async def _measure(
             await throughput(proxy, 1.0, connections)  # warm both up
         for _ in range(rounds):
             for loaded in (False, True):
-                targets = [("direct", upstream), ("sidecar", proxy)] + (
-                    [("static", control)] if control else []
-                )
-                for name, url in targets:
+                targets: list[tuple[str, str, str | None]] = [
+                    ("direct", upstream, None),
+                    ("sidecar", proxy, None),
+                ]
+                if client == "raw":
+                    targets.append(("sidecar-aiohttp", proxy, "/v1/models"))
+                if control:
+                    targets.append(("static", control, None))
+                for name, url, first in targets:
                     load = start_load(proxy, seconds + 1.0, connections, real=real) if loaded else None
                     if load is not None:
                         await asyncio.sleep(0.5)
                     row = samples.setdefault(f"{name} {'loaded' if loaded else 'idle'}", {})
                     scraped = (
-                        await asyncio.to_thread(raw_scrape_latencies, url + "/metrics", seconds)
+                        await asyncio.to_thread(raw_scrape_latencies, url + "/metrics", seconds, first=first)
                         if client == "raw"
                         else await scrape_latencies(url + "/metrics", seconds)
                     )
@@ -235,10 +252,10 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     result = asyncio.run(run(args.seconds, args.rounds, args.connections, args.engine, args.client))
-    print(f"{'/metrics of':<16}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'load req/s':>12}")
+    print(f"{'/metrics of':<24}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'load req/s':>12}")
     for name, row in result.items():
         rps = f"{row['load_rps']:>12.0f}" if "load_rps" in row else f"{'-':>12}"
-        print(f"{name:<16}{row['p50'] * 1e3:>8.2f}{row['p99'] * 1e3:>8.2f}{row['max'] * 1e3:>8.2f}{rps}")
+        print(f"{name:<24}{row['p50'] * 1e3:>8.2f}{row['p99'] * 1e3:>8.2f}{row['max'] * 1e3:>8.2f}{rps}")
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "connections": args.connections,

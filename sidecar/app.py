@@ -43,7 +43,8 @@ from sidecar.monitor.planning import MODEL_RETRY_SECONDS, PlanInputs
 from sidecar.monitor.pool import admission_pool
 from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
 from sidecar.server.admin import build_admin_app, fallback_reason
-from sidecar.server.connection import HeadDeadline, head_middleware, serve_guarded
+from sidecar.server.connection import HeadDeadline, ScrapePage, head_middleware, serve_guarded
+from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
 from sidecar.server.gateway import GatewayPage, current_load
 from sidecar.server.lifecycle import Lifecycle
 from sidecar.server.metrics import (
@@ -136,6 +137,7 @@ class SidecarApp:
         gateway = GatewayCollector(lambda: current_load(self.controller, self._engine_snapshot))
         self.registry.register(gateway)
         self.proxy: Proxy | None = None
+        self._gateway_page = GatewayPage(gateway, self._engine_page)
         if options.proxy:
             self.proxy = Proxy(
                 ProxySettings(upstream=options.upstream, limits=options.limits),
@@ -145,7 +147,7 @@ class SidecarApp:
                 self.lifecycle,
                 log,
                 engine_retry_after=self._engine_retry_after,
-                gateway_page=GatewayPage(gateway, self._engine_page),
+                gateway_page=self._gateway_page,
             )
         self._client: httpx.AsyncClient | None = None
         self._scraper: EngineScraper | None = None
@@ -218,7 +220,13 @@ class SidecarApp:
         )
 
     async def _serve(
-        self, app: web.Application, address: tuple[str, int], *, cancel_on_disconnect: bool, port_name: str
+        self,
+        app: web.Application,
+        address: tuple[str, int],
+        *,
+        cancel_on_disconnect: bool,
+        port_name: str,
+        scrape_page: ScrapePage | None = None,
     ) -> int:
         app.middlewares.insert(0, head_middleware(self._guards))
         runner = web.AppRunner(
@@ -242,6 +250,7 @@ class SidecarApp:
             head_timeout=self.options.limits.header_timeout,
             guards=self._guards,
             on_timeout=timeouts.inc,
+            scrape_page=scrape_page,
         )
         self._listeners.append(listener)
         return int(listener.sockets[0].getsockname()[1])
@@ -273,7 +282,11 @@ class SidecarApp:
         if self.proxy is not None:
             await self.proxy.start()
             self.proxy_port = await self._serve(
-                self.proxy.app(), self.options.listen, cancel_on_disconnect=True, port_name="proxy"
+                self.proxy.app(),
+                self.options.listen,
+                cancel_on_disconnect=True,
+                port_name="proxy",
+                scrape_page=ScrapePage(self._gateway_page.render, GATEWAY_CONTENT_TYPE),
             )
         self._scrape_task = asyncio.create_task(self._scraper.supervise(self.log), name="kv-sidecar-scraper")
         if self._resolve_model is not None:

@@ -19,6 +19,10 @@ idle keep-alive connection (no bytes at all) starts no timer: closing those is a
 timeout's job. Bytes that arrive while a handler runs (a pipelined next request, a body) start no
 timer either; the next bytes after the handler has finished do.
 
+On the proxy port the guard also answers a gateway's scrapes itself, in the callback that received them,
+while aiohttp has not seen a byte of the connection (:mod:`sidecar.server.scrape_path` says when and why).
+Bytes of a scrape head still arriving are held, under the same deadline.
+
 The handler's start and end are signalled by :func:`head_middleware` (an aiohttp middleware on both
 the proxy and the admin application), which finds the connection's guard by its transport.
 :func:`serve_guarded` binds a listening socket whose connections are so wrapped; aiohttp's runner
@@ -29,12 +33,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
 
 from sidecar.admission.outcomes import Reason
+from sidecar.server.scrape_path import Scrape, Undecided, read_scrape, scrape_response
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapePage:
+    """What a connection answers a gateway's scrape with, in its own callback (see ``scrape_path``)."""
+
+    render: Callable[[], bytes]  # the page now, from memory
+    content_type: str
+    max_buffered: int = 1 << 20  # unread answers on one connection past which aiohttp takes it over
 
 
 def timeout_response(timeout: float) -> bytes:
@@ -60,11 +76,14 @@ class HeadDeadline(asyncio.Protocol):
         timeout: float,
         guards: dict[object, HeadDeadline],
         on_timeout: Callable[[], None],
+        scrape_page: ScrapePage | None = None,
     ) -> None:
         self._inner = inner
         self._timeout = timeout
         self._guards = guards
         self._on_timeout = on_timeout
+        self._scrape_page = scrape_page  # None once aiohttp has the connection (or on a port without one)
+        self._held = b""  # bytes of a possible scrape head, not yet given to aiohttp
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._between_requests = True
@@ -78,6 +97,10 @@ class HeadDeadline(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         """Start the head's clock on its first bytes, stop it at its blank line, then pass the bytes on."""
+        if self._scrape_page is not None:
+            data = self._answer_scrapes(self._held + data)
+            if not data:
+                return
         if self._between_requests:
             if self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
@@ -89,8 +112,53 @@ class HeadDeadline(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        """Passed through."""
+        """Passed through (with any held bytes first: aiohttp answers a cut-off head as it always did)."""
+        self._hand_over()
         return self._inner.eof_received()
+
+    def _answer_scrapes(self, data: bytes) -> bytes:
+        """Answer the scrapes at the front of ``data`` (``scrape_path``); the rest is for aiohttp.
+
+        Returns the bytes aiohttp is to get: empty while a scrape head is still arriving (the bytes are held,
+        under the head's deadline) or when everything was a scrape; all of them, for good, otherwise.
+        """
+        page, transport = self._scrape_page, self._transport
+        assert page is not None  # noqa: S101 - only called while the connection may be scraped
+        assert transport is not None  # noqa: S101 - and is open
+        while data:
+            head = read_scrape(data)
+            if head is Undecided.NEED_MORE:
+                self._held = data
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+                return b""
+            if head is Undecided.TO_AIOHTTP or transport.get_write_buffer_size() > page.max_buffered:
+                self._scrape_page, self._held = None, b""
+                return data
+            assert isinstance(head, Scrape)  # noqa: S101 - the enum's two values are handled above
+            self._stop_timer()
+            transport.write(
+                scrape_response(
+                    page.render(),
+                    page.content_type,
+                    keep_alive=head.keep_alive,
+                    http10=head.http10,
+                    now=time.time(),
+                )
+            )
+            if not head.keep_alive:
+                self._held = b""
+                transport.close()
+                return b""
+            data = data[head.length :]
+        self._held = b""
+        return b""
+
+    def _hand_over(self) -> None:
+        """Give aiohttp the connection and the bytes held for it."""
+        held, self._held, self._scrape_page = self._held, b"", None
+        if held:
+            self._inner.data_received(held)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection; aiohttp cleans up its side."""
@@ -159,12 +227,20 @@ async def serve_guarded(
     head_timeout: float,
     guards: dict[object, HeadDeadline],
     on_timeout: Callable[[], None],
+    scrape_page: ScrapePage | None = None,
 ) -> asyncio.Server:
-    """Listen on ``host:port``; each connection is aiohttp's protocol wrapped in a :class:`HeadDeadline`."""
+    """Listen on ``host:port``; each connection is aiohttp's protocol wrapped in a :class:`HeadDeadline`.
+
+    With ``scrape_page``, a gateway's ``GET /metrics`` on a scrape-only connection is answered by the guard
+    itself (:mod:`sidecar.server.scrape_path`).
+    """
     server = runner.server
     if server is None:
         raise RuntimeError("the runner is not set up")
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: HeadDeadline(server(), head_timeout, guards, on_timeout), host, port, reuse_address=True
+        lambda: HeadDeadline(server(), head_timeout, guards, on_timeout, scrape_page),
+        host,
+        port,
+        reuse_address=True,
     )

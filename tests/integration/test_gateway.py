@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -157,3 +158,57 @@ async def test_kv_usage_includes_what_capacity_admission_reserved(fake_vllm: Fak
         assert (await proxy_series(sidecar))[KV_USAGE] == pytest.approx(0.1)  # released with the answer
     finally:
         await sidecar.app.stop()
+
+
+def raw_get(sock: socket.socket, path: str) -> tuple[dict[str, str], bytes]:
+    """One GET on a kept-alive socket: the answer's headers (lower-case names) and body."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: pod\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 200"), lines[0]
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return headers, body
+
+
+async def test_a_scrape_only_connection_is_answered_by_the_connection_itself(
+    gateway_sidecar: RunningSidecar,
+) -> None:
+    """The EPP's way (a connection that only scrapes) gets the guard's answer; any other gets aiohttp's route.
+
+    Both say the same: the same families, the same gateway series, the same content type.
+    """
+    await asyncio.sleep(3 * INTERVAL)
+    port = int(gateway_sidecar.proxy.rsplit(":", 1)[1])
+
+    def scrape_both() -> tuple[tuple[dict[str, str], bytes], tuple[dict[str, str], bytes]]:
+        with (
+            socket.create_connection(("127.0.0.1", port)) as only,
+            socket.create_connection(("127.0.0.1", port)) as mixed,
+        ):
+            raw_get(only, "/metrics")  # keep-alive: the second answer comes on the same connection
+            fast = raw_get(only, "/metrics")
+            raw_get(mixed, "/v1/models")  # aiohttp has this connection from its first request on
+            return fast, raw_get(mixed, "/metrics")
+
+    (fast_headers, fast_body), (routed_headers, routed_body) = await asyncio.to_thread(scrape_both)
+    assert fast_headers["server"] == "kv-sidecar"
+    assert "aiohttp" in routed_headers["server"]
+    assert fast_headers["content-type"] == routed_headers["content-type"]
+
+    def families(body: bytes) -> dict[str, float]:
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+            if not sample.labels
+        }
+
+    fast, routed = families(fast_body), families(routed_body)
+    assert fast.keys() == routed.keys()
+    assert {QUEUED, RUNNING, KV_USAGE} <= fast.keys()
+    assert fast[QUEUED] == routed[QUEUED]
