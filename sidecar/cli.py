@@ -129,6 +129,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
         "block_size": args.block_size,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -186,6 +187,7 @@ def plan_inputs_from_args(args: argparse.Namespace, resolved: ResolvedModel | No
             weight_dtype=inputs.weight_dtype,
             concurrency=inputs.concurrency,
             tensor_parallel_size=inputs.tensor_parallel_size,
+            pipeline_parallel_size=inputs.pipeline_parallel_size,
         )
     return inputs
 

@@ -198,6 +198,12 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         help="GPUs per engine (default %(default)s)",
     )
     add(
+        "--pipeline-parallel-size",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "pipeline_parallel_size"),
+        help="pipeline stages, each of --tensor-parallel-size GPUs (default %(default)s)",
+    )
+    add(
         "--block-size",
         type=parse_positive_int,
         default=default(DEFAULT_BLOCK_SIZE),

@@ -21,7 +21,8 @@ one KV cache group's layers, half the layers of a model with one full and one sl
 :mod:`sidecar.budget.kv_groups`).
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
-latent is replicated). Memory figures are per GPU; token counts are per engine.
+latent is replicated). **Pipeline parallelism** gives each stage its layers, and the pool is the
+smallest stage's (:mod:`sidecar.budget.pipeline`). Memory figures are per GPU; token counts are per engine.
 
 **Weights and activation as vLLM profiles them** live in :mod:`sidecar.budget.profile`: vLLM's view
 subtracts the weights as loaded (quantisation leaves embeddings and LM head 16-bit; MXFP4 experts are
@@ -51,7 +52,9 @@ from sidecar.budget.dtypes import (
     weight_bytes_per_param,
 )
 from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
+from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import parameter_count
+from sidecar.budget.pipeline import PipelineStage, pipeline_stages
 from sidecar.budget.profile import estimate_activation_bytes, loaded_weights_per_gpu, paper_weights_per_gpu
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
@@ -61,8 +64,6 @@ DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
-LOADED_WEIGHTS_NOTE_FRACTION: Final = 0.01
-"""A note says so when vLLM loads weights differing from the paper figure by more than this share."""
 TIGHT_HEADROOM_FRACTION: Final = 0.10
 """Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
 
@@ -89,6 +90,7 @@ class PlanRequest:
     concurrency: int = 1
     gpu_memory_utilization: float | None = None  # None: the release's default (0.9, or 0.92 from 0.20)
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1  # stages, each its own GPU (or TP group): :mod:`sidecar.budget.pipeline`
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -108,6 +110,7 @@ class PlanRequest:
             "--gpu-memory": self.gpu_memory_bytes,
             "--concurrency": self.concurrency,
             "--tensor-parallel-size": self.tensor_parallel_size,
+            "--pipeline-parallel-size": self.pipeline_parallel_size,
             "--block-size": self.block_size,
             "--max-model-len": self.max_model_len or 1,
             "--max-num-seqs": self.max_num_seqs or 1,
@@ -142,6 +145,11 @@ class PlanRequest:
             raise UsageError(
                 f"vLLM refuses --tensor-parallel-size {tp}: the model's {arch.num_attention_heads} attention "
                 f"heads must divide by it; use {', '.join(map(str, fits))}"
+            )
+        if self.pipeline_parallel_size > arch.num_layers:
+            raise UsageError(
+                f"--pipeline-parallel-size {self.pipeline_parallel_size} leaves a stage without layers: "
+                f"the model has {arch.num_layers}"
             )
         derived, wanted = arch.derived_max_model_len, self.max_model_len
         if wanted and derived and wanted > derived and not self.allow_long_max_model_len:
@@ -223,6 +231,7 @@ class Ledger:
         default_factory=dict
     )  # the budget and vLLM's non-KV terms (bytes per GPU)
     profile_batch: tuple[int, int] = (0, 0)  # the profile run's (tokens, sequences)
+    stages: tuple[PipelineStage, ...] = ()  # pipeline parallel: each stage; ``profile`` is the smallest's
 
     @property
     def headroom_bytes(self) -> int:
@@ -259,34 +268,6 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     return full_blocks
 
 
-def _notes(request: PlanRequest, max_concurrency: float, weights: tuple[int, int]) -> tuple[str, ...]:
-    notes: list[str] = []
-    paper, loaded = weights
-    if paper and abs(loaded - paper) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
-        mxfp4 = request.effective_weight_dtype == "mxfp4"
-        why = "MXFP4 experts padded to the kernel's tiles" if mxfp4 else "embeddings and LM head stay 16-bit"
-        notes.append(f"vLLM loads {loaded / GIB:.2f} GiB of weights per GPU, not {paper / GIB:.2f}: {why}")
-    arch = request.architecture
-    length = request.effective_max_model_len
-    if arch.max_position_embeddings and length > arch.max_position_embeddings:
-        notes.append(
-            f"max_model_len {length} exceeds the model's max_position_embeddings "
-            f"{arch.max_position_embeddings}"
-        )
-    if request.max_num_seqs is not None and request.max_num_seqs < request.concurrency:
-        notes.append(
-            f"max_num_seqs {request.max_num_seqs} is below the target concurrency {request.concurrency}"
-        )
-    if arch.num_kv_heads < request.tensor_parallel_size and arch.mla is None:
-        notes.append(
-            f"{arch.num_kv_heads} KV heads over {request.tensor_parallel_size} GPUs: "
-            "each GPU keeps a full KV head (replicated)"
-        )
-    if 0 < max_concurrency < request.concurrency:
-        notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
-    return tuple(notes)
-
-
 def build_ledger(request: PlanRequest) -> Ledger:
     """Compute the ledger, vLLM's pool and the verdict for ``request``."""
     arch = request.architecture
@@ -316,17 +297,31 @@ def build_ledger(request: PlanRequest) -> Ledger:
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
     groups = kv_groups(kinds)
     group_block_bytes = request.block_size * per_layer * groups.layers_per_group
+    pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
-        pool = round(request.num_gpu_blocks_override * group_block_bytes)
-    elif request.kv_cache_memory_bytes is not None:
-        pool = request.kv_cache_memory_bytes
-    else:
-        pool = max(0, requested - sum(profile.values()))
+        pool_override = round(request.num_gpu_blocks_override * group_block_bytes)
+    pool = max(0, requested - sum(profile.values())) if pool_override is None else pool_override
     num_blocks = int(pool // block_bytes) if block_bytes else 0
     request_blocks = groups.full * _blocks_per_request(request, LayerKind.FULL, length) + (
         groups.sliding * _blocks_per_request(request, LayerKind.SLIDING, length)
     )
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
+    stages: tuple[PipelineStage, ...] = ()
+    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None:
+        stages = pipeline_stages(request, profile, requested, group_block_bytes, groups.layers_per_group)
+        limiting = min(stages, key=lambda stage: stage.pool_blocks)  # the engine takes the smallest
+        weights = round(weights * limiting.weights / max(1, profile["weights"]))
+        profile.update(weights=limiting.weights, activation=limiting.activation)
+        pool, pool_blocks = max(0, requested - sum(profile.values())), limiting.pool_blocks
+        share = limiting.kv_layers / max(1, sum(k is not LayerKind.NONE for k in kinds))
+        num_blocks, activation, per_token, per_sequence = (
+            pool_blocks,
+            limiting.activation,
+            per_token * share,
+            per_sequence * share,
+        )
+        kv_total = request.concurrency * per_sequence
+        total = weights + round(kv_total) + activation + request.overhead_bytes
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
     if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding > 0):
@@ -359,7 +354,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
         kv_pool_blocks=pool_blocks,
         max_concurrency=max_concurrency,
         verdict=verdict,
-        notes=_notes(request, max_concurrency, (weights, profile["weights"])),
+        notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),
+        stages=stages,
     )

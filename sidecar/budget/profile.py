@@ -122,12 +122,13 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
     return paper_weights_per_gpu(request, params)
 
 
-def estimate_activation_bytes(request: PlanRequest) -> int:
+def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> int:
     """The profile's torch peak above the weights: an explicit figure, or the larger of its two passes.
 
     The forward pass of ``T`` tokens peaks inside one decoder layer's MLP; the sampler pass then holds
     ``R x vocab`` logits several times over. Both are freed between the passes, so the peak is the larger
     one, plus the workspaces the first forward allocates (the theory of operation gives the sources).
+    ``samples=False``: a pipeline stage before the last, which runs the forward pass only.
     """
     if request.activation_bytes is not None:
         return request.activation_bytes
@@ -138,7 +139,9 @@ def estimate_activation_bytes(request: PlanRequest) -> int:
         element = round(WEIGHT_DTYPES["fp32"])  # --dtype float32: activations and logits are float32 too
     forward = tokens * (2 * arch.hidden_size + 3 * _dense_mlp_width(arch) // tp) * element
     rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
-    sampler = rows * arch.vocab_size * (element + SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES)
+    sampler = (
+        rows * arch.vocab_size * (element + SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES) if samples else 0
+    )
     return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
 
 

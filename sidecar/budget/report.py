@@ -6,6 +6,7 @@ from typing import Any
 
 from sidecar.budget.advice import Option
 from sidecar.budget.ledger import Ledger
+from sidecar.budget.pipeline import PipelineStage
 from sidecar.units import format_gib
 
 _SUMMARY_FIELDS = (
@@ -59,6 +60,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "enforce_eager": req.enforce_eager,
         "async_scheduling": req.async_scheduling,
         "tensor_parallel_size": req.tensor_parallel_size,
+        "pipeline_parallel_size": req.pipeline_parallel_size,
         "block_size": req.block_size,
         "max_num_seqs": req.effective_batch[1],
         "max_num_batched_tokens": req.effective_batch[0],
@@ -80,7 +82,18 @@ def ledger_to_dict(ledger: Ledger, options: list[Option]) -> dict[str, Any]:
         **_figures(ledger),
         "inputs": _inputs(ledger),
         "notes": list(ledger.notes),
+        "pipeline_stages": [_stage_to_dict(stage) for stage in ledger.stages],
         "options": [_option_to_dict(o) for o in options],
+    }
+
+
+def _stage_to_dict(stage: PipelineStage) -> dict[str, int]:
+    return {
+        "stage": stage.index + 1,
+        "layers": stage.layers,
+        "weights_bytes": stage.weights,
+        "activation_bytes": stage.activation,
+        "kv_pool_blocks": stage.pool_blocks,
     }
 
 
@@ -100,7 +113,8 @@ def render_table(ledger: Ledger, options: list[Option]) -> str:
     lines = [
         f"{req.model} on {req.gpu} ({format_gib(ledger.gpu_memory_bytes)}), "
         f"{req.concurrency} x {inputs['max_model_len']:,} tokens, weights {inputs['weight_dtype']}, "
-        f"KV {req.kv_cache_dtype}, tensor parallel {req.tensor_parallel_size}",
+        f"KV {req.kv_cache_dtype}, tensor parallel {req.tensor_parallel_size}"
+        + (f", pipeline parallel {req.pipeline_parallel_size}" if req.pipeline_parallel_size > 1 else ""),
         "",
         f"  {'weights':<28}{format_gib(ledger.weights_bytes):>14}   "
         f"({ledger.parameters / 1e9:.2f}B parameters)",

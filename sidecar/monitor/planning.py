@@ -40,6 +40,7 @@ class PlanInputs:
     concurrency: int = default_of(PlanRequest, "concurrency")  # the budget's own defaults, not copies
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = default_of(PlanRequest, "tensor_parallel_size")
+    pipeline_parallel_size: int = default_of(PlanRequest, "pipeline_parallel_size")
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -101,6 +102,7 @@ def resolve_plan_request(
         gpu_memory_utilization=inputs.gpu_memory_utilization
         or (engine.gpu_memory_utilization if engine else None),
         tensor_parallel_size=inputs.tensor_parallel_size,
+        pipeline_parallel_size=inputs.pipeline_parallel_size,
         block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
         max_num_seqs=inputs.max_num_seqs,
         max_num_batched_tokens=inputs.max_num_batched_tokens,

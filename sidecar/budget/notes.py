@@ -1,0 +1,67 @@
+"""The notes under a plan: what its reader should know that the table does not say."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.pipeline import PipelineStage
+from sidecar.units import GIB
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+LOADED_WEIGHTS_NOTE_FRACTION: Final = 0.01
+"""A note says so when vLLM loads weights differing from the paper figure by more than this share."""
+
+
+def plan_notes(
+    request: PlanRequest,
+    max_concurrency: float,
+    weights: tuple[int, int],
+    stages: tuple[PipelineStage, ...] = (),
+) -> tuple[str, ...]:
+    """What a plan's reader should know beyond its table: paper vs loaded weights, limits, replication."""
+    notes: list[str] = []
+    paper, loaded = weights
+    if paper and abs(loaded - paper) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
+        mxfp4 = request.effective_weight_dtype == "mxfp4"
+        why = "MXFP4 experts padded to the kernel's tiles" if mxfp4 else "embeddings and LM head stay 16-bit"
+        notes.append(f"vLLM loads {loaded / GIB:.2f} GiB of weights per GPU, not {paper / GIB:.2f}: {why}")
+    arch = request.architecture
+    length = request.effective_max_model_len
+    if arch.max_position_embeddings and length > arch.max_position_embeddings:
+        notes.append(
+            f"max_model_len {length} exceeds the model's max_position_embeddings "
+            f"{arch.max_position_embeddings}"
+        )
+    if request.max_num_seqs is not None and request.max_num_seqs < request.concurrency:
+        notes.append(
+            f"max_num_seqs {request.max_num_seqs} is below the target concurrency {request.concurrency}"
+        )
+    if arch.num_kv_heads < request.tensor_parallel_size and arch.mla is None:
+        notes.append(
+            f"{arch.num_kv_heads} KV heads over {request.tensor_parallel_size} GPUs: "
+            "each GPU keeps a full KV head (replicated)"
+        )
+    notes.extend(_stage_notes(request, stages))
+    if 0 < max_concurrency < request.concurrency:
+        notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
+    return tuple(notes)
+
+
+def _stage_notes(request: PlanRequest, stages: tuple[PipelineStage, ...]) -> list[str]:
+    """Which pipeline stage sets the pool, and whether the stages' KV layout is approximated."""
+    if not stages:
+        return []
+    smallest = min(stages, key=lambda stage: stage.pool_blocks)
+    ends = {0: "the embeddings", len(stages) - 1: "the LM head and the sampler"}
+    holds = f"{smallest.layers} layers" + (f" and {ends[smallest.index]}" if smallest.index in ends else "")
+    blocks = ", ".join(f"{stage.pool_blocks:,}" for stage in stages)
+    notes = [
+        f"pipeline parallel {len(stages)}: stage {smallest.index + 1} ({holds}) sets the pool "
+        f"(blocks per stage: {blocks}; vLLM takes the smallest)"
+    ]
+    if kv_groups(request.architecture.layer_kinds).hybrid:
+        notes.append("pipeline stages of a hybrid KV layout are approximated by their share of each group")
+    return notes

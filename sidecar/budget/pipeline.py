@@ -1,0 +1,147 @@
+"""Pipeline parallelism: the layers each stage holds, what its GPU must fit, and the stage that sets the pool.
+
+Theory of operation
+-------------------
+With ``--pipeline-parallel-size P`` every stage is a GPU (or a TP group) of its own, with its own profile,
+and the engine has one pool. Each rule below was read in vLLM 0.32.0 as installed and checked against the
+calibration table's two llm-d rows (vLLM 0.19, Llama-3.1-8B on H100 at PP 2 and PP 4):
+
+* **Layers per stage**: ``get_pp_indices`` (``vllm/distributed/utils.py``) gives each stage
+  ``layers // P``; the remainder goes one each to the stages before the last, from the one before the last
+  backwards (the last also holds the final norm and the LM head). ``VLLM_PP_LAYER_PARTITION`` overrides
+  it; that is not modelled.
+* **Weights per stage**: the first stage holds the token embeddings, the last the LM head; with tied
+  embeddings the last stage holds a copy of the embedding matrix for it (``LlamaModel.__init__``:
+  ``embed_tokens`` on the first rank, and on the last too when ``tie_word_embeddings``), so a tied model
+  stores the matrix twice from ``P = 2``. The rest (the decoder layers, a vision tower with them) is split
+  in proportion to the stage's layers. Llama-3.1-8B logs 7.51 GiB on stage 1 of 2 (this: 7.48) and 4.26
+  GiB on stage 1 of 4 (4.23).
+* **Activation per stage**: every stage runs the profile's forward pass of ``max_num_batched_tokens``
+  (its peak is inside one decoder layer, so it does not shrink with fewer layers); only the last stage
+  samples (``_dummy_sampler_run`` runs on the last rank, ``gpu_model_runner.py``). Stage 1 of the
+  llm-d rows logs a torch peak of 1.10 GiB (the forward) where the TP 1 run logs 1.89 (the sampler); this
+  model's forward is 0.96, the stage's own output (hidden states and residual) probably being the rest.
+* **One pool**: each worker sizes its KV cache from its own memory and its own layers, then every worker
+  takes the smallest block count among them (``get_kv_cache_configs``, ``kv_cache_utils.py``: "Change the
+  num_blocks of each rank to the smallest among all ranks"). A block on a stage holds that stage's layers.
+  So the stage with the least memory per layer sets ``num_gpu_blocks``: the last one, with the sampler
+  and the LM head, on the llm-d rows (67,207 and 141,079 blocks logged; this model: 67,184 and 141,024).
+* A hybrid model's KV cache groups are made over the whole model and projected onto each worker; here a
+  stage's block is taken to hold its share of a group's layers, rounded up, which is exact for one group
+  and an approximation (said in the plan's notes) for several.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sidecar.budget.architecture import LayerKind
+from sidecar.budget.dtypes import FLOAT_DTYPES, weight_bytes_per_param
+from sidecar.budget.profile import estimate_activation_bytes
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+
+def stage_layer_counts(num_layers: int, stages: int) -> tuple[int, ...]:
+    """The decoder layers of each pipeline stage, as ``get_pp_indices`` partitions them."""
+    per_stage = num_layers // stages
+    counts = [per_stage] * stages
+    for index in range(2, num_layers % stages + 2):
+        counts[-index] += 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStage:
+    """One stage's share of the model and of its profile (bytes per GPU)."""
+
+    index: int  # 0-based
+    layers: int  # decoder layers
+    kv_layers: int  # of which hold KV
+    weights: int
+    activation: int
+    pool_blocks: int = 0  # blocks its memory holds; the engine's pool is the smallest
+
+
+def stage_weights(
+    body_bytes: float, embedding_bytes: float, *, layers: int, num_layers: int, first: bool, last: bool
+) -> int:
+    """A stage's weights: its layers' share of ``body_bytes`` and a vocab-sized matrix per end it holds."""
+    return round(body_bytes * layers / num_layers + embedding_bytes * (int(first) + int(last)))
+
+
+def stage_block_bytes(
+    group_block_bytes: float, layers_per_group: int, kv_layers: int, total_kv_layers: int
+) -> int:
+    """Bytes of one block on a stage with ``kv_layers`` of the model's ``total_kv_layers`` KV layers."""
+    if not total_kv_layers:
+        return 0
+    return round(
+        group_block_bytes / layers_per_group * math.ceil(layers_per_group * kv_layers / total_kv_layers)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageInputs:
+    """What :func:`plan_stages` needs, in bytes per GPU (:func:`pipeline_stages` fills it in)."""
+
+    kv_layers: tuple[bool, ...]  # per decoder layer: whether it holds KV
+    stages: int
+    body_bytes: float  # loaded weights less the embedding-sized matrices
+    embedding_bytes: float  # one vocab x hidden matrix
+    forward_activation: int  # the profile's forward pass, with its workspaces
+    last_activation: int  # the last stage's: the larger of the forward and the sampler pass
+    other_bytes: int  # non-torch memory and the CUDA-graph estimate, the same on every stage
+    requested: int  # gpu_memory x gpu_memory_utilization
+    group_block_bytes: float  # a block of one KV cache group over the whole model
+    layers_per_group: int
+
+
+def plan_stages(inputs: StageInputs) -> tuple[PipelineStage, ...]:
+    """Every stage's weights, activation and pool in blocks (the engine's pool: the smallest)."""
+    counts = stage_layer_counts(len(inputs.kv_layers), inputs.stages)
+    total_kv = sum(inputs.kv_layers)
+    out: list[PipelineStage] = []
+    start = 0
+    for index, layers in enumerate(counts):
+        first, last = index == 0, index == inputs.stages - 1
+        kv_layers = sum(inputs.kv_layers[start : start + layers])
+        start += layers
+        weights = stage_weights(
+            inputs.body_bytes, inputs.embedding_bytes, layers=layers, num_layers=len(inputs.kv_layers),
+            first=first, last=last,
+        )  # fmt: skip
+        activation = inputs.last_activation if last else inputs.forward_activation
+        memory = max(0, inputs.requested - weights - activation - inputs.other_bytes)
+        block = stage_block_bytes(inputs.group_block_bytes, inputs.layers_per_group, kv_layers, total_kv)
+        blocks = int(memory // block) if block else 0
+        out.append(PipelineStage(index, layers, kv_layers, weights, activation, blocks))
+    return tuple(out)
+
+
+def pipeline_stages(
+    request: PlanRequest, profile: dict[str, int], requested: int, group_block: float, per_group: int
+) -> tuple[PipelineStage, ...]:
+    """The pipeline stages of ``request``, from the whole model's profile terms (``profile``)."""
+    arch = request.architecture
+    dtype = request.effective_weight_dtype
+    element = weight_bytes_per_param(dtype) if dtype in FLOAT_DTYPES else weight_bytes_per_param("bf16")
+    embedding = arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size
+    body = profile["weights"] - embedding * (1 if arch.tie_word_embeddings else 2)
+    return plan_stages(
+        StageInputs(
+            kv_layers=tuple(kind is not LayerKind.NONE for kind in arch.layer_kinds),
+            stages=request.pipeline_parallel_size,
+            body_bytes=body,
+            embedding_bytes=embedding,
+            forward_activation=estimate_activation_bytes(request, samples=False),
+            last_activation=profile["activation"],
+            other_bytes=profile["non_torch"] + profile["cuda_graphs"],
+            requested=requested,
+            group_block_bytes=group_block,
+            layers_per_group=per_group,
+        )
+    )
