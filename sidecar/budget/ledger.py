@@ -314,12 +314,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
         profile.update(weights=limiting.weights, activation=limiting.activation)
         pool, pool_blocks = max(0, requested - sum(profile.values())), limiting.pool_blocks
         share = limiting.kv_layers / max(1, sum(k is not LayerKind.NONE for k in kinds))
-        num_blocks, activation, per_token, per_sequence = (
-            pool_blocks,
-            limiting.activation,
-            per_token * share,
-            per_sequence * share,
-        )
+        num_blocks, activation = pool_blocks, limiting.activation
+        per_token, per_sequence = per_token * share, per_sequence * share
         kv_total = request.concurrency * per_sequence
         total = weights + round(kv_total) + activation + request.overhead_bytes
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0

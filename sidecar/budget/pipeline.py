@@ -66,13 +66,6 @@ class PipelineStage:
     pool_blocks: int = 0  # blocks its memory holds; the engine's pool is the smallest
 
 
-def stage_weights(
-    body_bytes: float, embedding_bytes: float, *, layers: int, num_layers: int, first: bool, last: bool
-) -> int:
-    """A stage's weights: its layers' share of ``body_bytes`` and a vocab-sized matrix per end it holds."""
-    return round(body_bytes * layers / num_layers + embedding_bytes * (int(first) + int(last)))
-
-
 def stage_block_bytes(
     group_block_bytes: float, layers_per_group: int, kv_layers: int, total_kv_layers: int
 ) -> int:
@@ -84,64 +77,29 @@ def stage_block_bytes(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class StageInputs:
-    """What :func:`plan_stages` needs, in bytes per GPU (:func:`pipeline_stages` fills it in)."""
-
-    kv_layers: tuple[bool, ...]  # per decoder layer: whether it holds KV
-    stages: int
-    body_bytes: float  # loaded weights less the embedding-sized matrices
-    embedding_bytes: float  # one vocab x hidden matrix
-    forward_activation: int  # the profile's forward pass, with its workspaces
-    last_activation: int  # the last stage's: the larger of the forward and the sampler pass
-    other_bytes: int  # non-torch memory and the CUDA-graph estimate, the same on every stage
-    requested: int  # gpu_memory x gpu_memory_utilization
-    group_block_bytes: float  # a block of one KV cache group over the whole model
-    layers_per_group: int
-
-
-def plan_stages(inputs: StageInputs) -> tuple[PipelineStage, ...]:
-    """Every stage's weights, activation and pool in blocks (the engine's pool: the smallest)."""
-    counts = stage_layer_counts(len(inputs.kv_layers), inputs.stages)
-    total_kv = sum(inputs.kv_layers)
-    out: list[PipelineStage] = []
-    start = 0
-    for index, layers in enumerate(counts):
-        first, last = index == 0, index == inputs.stages - 1
-        kv_layers = sum(inputs.kv_layers[start : start + layers])
-        start += layers
-        weights = stage_weights(
-            inputs.body_bytes, inputs.embedding_bytes, layers=layers, num_layers=len(inputs.kv_layers),
-            first=first, last=last,
-        )  # fmt: skip
-        activation = inputs.last_activation if last else inputs.forward_activation
-        memory = max(0, inputs.requested - weights - activation - inputs.other_bytes)
-        block = stage_block_bytes(inputs.group_block_bytes, inputs.layers_per_group, kv_layers, total_kv)
-        blocks = int(memory // block) if block else 0
-        out.append(PipelineStage(index, layers, kv_layers, weights, activation, blocks))
-    return tuple(out)
-
-
 def pipeline_stages(
     request: PlanRequest, profile: dict[str, int], requested: int, group_block: float, per_group: int
 ) -> tuple[PipelineStage, ...]:
-    """The pipeline stages of ``request``, from the whole model's profile terms (``profile``)."""
+    """Every stage's weights, activation and pool in blocks, from the whole model's profile terms."""
     arch = request.architecture
     dtype = request.effective_weight_dtype
     element = weight_bytes_per_param(dtype) if dtype in FLOAT_DTYPES else weight_bytes_per_param("bf16")
-    embedding = arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size
-    body = profile["weights"] - embedding * (1 if arch.tie_word_embeddings else 2)
-    return plan_stages(
-        StageInputs(
-            kv_layers=tuple(kind is not LayerKind.NONE for kind in arch.layer_kinds),
-            stages=request.pipeline_parallel_size,
-            body_bytes=body,
-            embedding_bytes=embedding,
-            forward_activation=estimate_activation_bytes(request, samples=False),
-            last_activation=profile["activation"],
-            other_bytes=profile["non_torch"] + profile["cuda_graphs"],
-            requested=requested,
-            group_block_bytes=group_block,
-            layers_per_group=per_group,
+    embedding = arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size  # one matrix
+    body = profile["weights"] - embedding * (1 if arch.tie_word_embeddings else 2)  # layers (and vision)
+    forward = estimate_activation_bytes(request, samples=False)
+    kv_layers = [kind is not LayerKind.NONE for kind in arch.layer_kinds]
+    counts = stage_layer_counts(len(kv_layers), request.pipeline_parallel_size)
+    out: list[PipelineStage] = []
+    start = 0
+    for index, layers in enumerate(counts):
+        first, last = index == 0, index == len(counts) - 1
+        stage_kv = sum(kv_layers[start : start + layers])
+        start += layers
+        weights = round(body * layers / len(kv_layers) + embedding * (int(first) + int(last)))
+        activation = profile["activation"] if last else forward  # only the last stage samples
+        memory = max(0, requested - weights - activation - profile["non_torch"] - profile["cuda_graphs"])
+        block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers))
+        out.append(
+            PipelineStage(index, layers, stage_kv, weights, activation, int(memory // block) if block else 0)
         )
-    )
+    return tuple(out)
