@@ -123,7 +123,7 @@ def _invalid(message: str, param: str | None = None) -> RefusedError:
 
 
 def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    return isinstance(value, list) and all(type(t) is int for t in value)  # a bool is no token id
 
 
 def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[int, ...]] | None, bool]:

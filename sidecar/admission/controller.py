@@ -41,7 +41,6 @@ from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
     AdmissionMode,
-    AdmissionRequest,
     AdmissionView,
     decide,
     lane_of,
@@ -55,7 +54,7 @@ from sidecar.admission.pressure import ConcurrencyCap, PressureDetector, Pressur
 from sidecar.admission.queue import FairQueue, QueueEntry
 from sidecar.admission.recorder import AdmissionRecorder
 from sidecar.admission.retry import ServiceStats
-from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, token_reservation
+from sidecar.admission.tickets import QueueSettings, Ticket, Waiter, admission_request
 from sidecar.admission.waits import WaitAdvisor
 
 __all__ = ["AdmissionController", "AdmissionRecorder", "QueueSettings", "Ticket"]
@@ -142,10 +141,10 @@ class AdmissionController:
 
     # -- planning ----------------------------------------------------------------------------------
 
-    def _view(self, waiter: Waiter, *, as_head: bool = False) -> AdmissionView:
-        now = self._clock()
+    def _view(
+        self, waiter: Waiter, policy: AdmissionMode, now: float, *, as_head: bool = False
+    ) -> AdmissionView:
         queue = self.queues[waiter.lane]
-        policy = self.policy()
         leave_short_room = waiter.lane is Lane.LONG and not self._long_head_has_waited(now)
         fits = policy is not AdmissionMode.CAPACITY or self.planner.fits(
             waiter.facts, waiter.hashes, now, leave_short_room=leave_short_room
@@ -185,9 +184,9 @@ class AdmissionController:
 
     # -- admission ---------------------------------------------------------------------------------
 
-    def _grant(self, waiter: Waiter, waited: float, *, queued: bool = False) -> Ticket:
+    def _grant(self, waiter: Waiter, waited: float, policy: AdmissionMode, *, queued: bool = False) -> Ticket:
         now = self._clock()
-        in_ledger = self.policy() is AdmissionMode.CAPACITY
+        in_ledger = policy is AdmissionMode.CAPACITY
         holding = self.planner.hold(waiter.facts, waiter.hashes, now, in_ledger=in_ledger)
         self.inflight[waiter.lane] += 1
         self.reserved_tokens += waiter.request.reserved_tokens
@@ -219,17 +218,14 @@ class AdmissionController:
         wait_limit = self.queue_settings.wait_limit(facts.wait_limit)
         max_model_len = self._max_model_len()
         refusal = engine_refusal(facts, max_model_len)
-        request = AdmissionRequest(
-            prompt_tokens=facts.prompt_tokens,
-            reserved_tokens=token_reservation(facts, max_model_len),
-            refusal=refusal.reason if refusal else None,
-        )
-        waiter = Waiter(facts, request, self.lane_of(facts), self._clock(), self.planner.hashes(facts))
-        if waiter.lane is Lane.SHORT and self.policy() is AdmissionMode.CAPACITY:
-            self.planner.saw_short(facts, waiter.hashes, waiter.enqueued_at)
-        decision = decide(request, self._view(waiter), self.config)
+        request = admission_request(facts, max_model_len, refusal.reason if refusal else None)
+        now, policy = self._clock(), self.policy()
+        waiter = Waiter(facts, request, self.lane_of(facts), now, self.planner.hashes(facts))
+        if waiter.lane is Lane.SHORT and policy is AdmissionMode.CAPACITY:
+            self.planner.saw_short(facts, waiter.hashes, now)
+        decision = decide(request, self._view(waiter, policy, now), self.config)
         if decision.action is Action.ADMIT:
-            return self._grant(waiter, 0.0)
+            return self._grant(waiter, 0.0, policy)
         if decision.action is Action.REFUSE:
             self.count(Outcome.REFUSED, decision.reason, waiter.lane)
             if refusal is not None:
@@ -239,7 +235,7 @@ class AdmissionController:
                 reason_message(decision.reason),
                 retry_after=self.waits.retry_for(decision.reason, waiter),
             )
-        shed = self.waits.shed(waiter, wait_limit) if self.policy() is AdmissionMode.CAPACITY else None
+        shed = self.waits.shed(waiter, wait_limit) if policy is AdmissionMode.CAPACITY else None
         if shed is not None:
             self.count(Outcome.REFUSED, shed.reason, waiter.lane)
             raise shed
@@ -250,6 +246,7 @@ class AdmissionController:
             priority=priority, tenant=tenant, tokens=waiter.request.reserved_tokens, payload=waiter
         )
         queue = self.queues[waiter.lane]
+        waiter.future = asyncio.get_running_loop().create_future()
         queue.push(entry)
         self.dispatch()
         try:
@@ -303,21 +300,25 @@ class AdmissionController:
         is (shortest expected first, with ageing: see :mod:`sidecar.admission.order`).
         """
         queue = self.queues[lane]
-        while (entry := self._next_entry(queue, self._clock())) is not None:
+        while (entry := self._next_entry(queue, now := self._clock())) is not None:
             waiter = entry.payload
             if waiter.future.done():
                 queue.remove(entry)
                 continue
-            if decide(waiter.request, self._view(waiter, as_head=True), self.config).action != Action.ADMIT:
+            policy = self.policy()
+            view = self._view(waiter, policy, now, as_head=True)
+            if decide(waiter.request, view, self.config).action != Action.ADMIT:
                 return True
             queue.take(entry)
             waited = self._clock() - waiter.enqueued_at
             self.metrics.queue_wait(lane, waited)
-            waiter.future.set_result(self._grant(waiter, waited, queued=True))
+            waiter.future.set_result(self._grant(waiter, waited, policy, queued=True))
         return False
 
     def dispatch(self) -> None:
         """Grant queued requests while ``decide`` admits the head of their lane (see the module docstring)."""
+        if not (self.queues[Lane.SHORT] or self.queues[Lane.LONG]):  # the common case: nobody waits
+            return
         if self.policy() is AdmissionMode.CAPACITY and self._long_head_has_waited(self._clock()):
             if not self._dispatch_lane(Lane.LONG):
                 self._dispatch_lane(Lane.SHORT)

@@ -158,15 +158,16 @@ def decide(request: AdmissionRequest, view: AdmissionView, config: AdmissionConf
         return Decision(Action.REFUSE, lane, request.refusal)
     if view.draining:
         return Decision(Action.REFUSE, lane, Reason.DRAINING)
-    queue = (
-        Decision(Action.QUEUE, lane, Reason.QUEUED)
-        if view.queue_has_room
-        else Decision(Action.REFUSE, lane, Reason.QUEUE_FULL)
-    )
     if view.pressure and lane is Lane.LONG:
         if config.on_pressure is OnPressure.REJECT:
             return Decision(Action.REFUSE, lane, Reason.KV_PRESSURE)
-        return queue
+        return _queue(view, lane)
     if view.queued_in_lane > 0 or view.yield_to_long or _policy_says_wait(request, view, config, lane):
-        return queue
+        return _queue(view, lane)
     return Decision(Action.ADMIT, lane, Reason.ADMITTED)
+
+
+def _queue(view: AdmissionView, lane: Lane) -> Decision:
+    if view.queue_has_room:
+        return Decision(Action.QUEUE, lane, Reason.QUEUED)
+    return Decision(Action.REFUSE, lane, Reason.QUEUE_FULL)

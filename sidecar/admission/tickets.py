@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.decide import AdmissionRequest
-from sidecar.admission.outcomes import Lane
+from sidecar.admission.outcomes import Lane, Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +44,17 @@ class Ticket:
 
 @dataclass(slots=True)
 class Waiter:
-    """A request waiting for admission: its facts, its decision inputs, its lane and its future."""
+    """A request asking for admission: its facts, its decision inputs, its lane and, once queued, its future.
+
+    ``future`` is set when the request joins a queue (most requests are admitted at once and never need one).
+    """
 
     facts: RequestFacts
     request: AdmissionRequest
     lane: Lane
     enqueued_at: float
     hashes: tuple[tuple[int, ...], ...]
-    future: asyncio.Future[Ticket] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[Ticket] = field(init=False)
 
 
 def token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
@@ -64,3 +67,10 @@ def token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
             output = min(output, max(0, room))
         total += prompt + max(0, output) * facts.choices
     return total
+
+
+def admission_request(
+    facts: RequestFacts, max_model_len: int | None, refusal: Reason | None
+) -> AdmissionRequest:
+    """The request as ``decide`` sees it: its largest prompt, its token reservation, the engine's refusal."""
+    return AdmissionRequest(facts.prompt_tokens, token_reservation(facts, max_model_len), refusal)

@@ -102,12 +102,12 @@ class HeadDeadline(asyncio.Protocol):
             if not data:
                 return
         if self._between_requests:
-            if self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
-            seen = self._tail + data
+            seen = self._tail + data if self._tail else data
             if b"\r\n\r\n" in seen or b"\n\n" in seen:  # the head is complete: the deadline is met
-                self.request_started()
+                self.request_started()  # (a head that came whole in one read never needed a timer)
             else:
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
                 self._tail = seen[-3:]
         self._inner.data_received(data)
 

@@ -249,9 +249,9 @@ class AdmissionMetrics:
             "Answers whose length was learned, by source: usage, stream.",
             "source",
         )
-        self._outcome = Children(self.outcomes)  # outcome, reason, lane: the hot path
+        self._outcome, self._output_sample = Children(self.outcomes), Children(self.output_samples)
         for source in ("usage", "stream"):
-            self.output_samples.labels(source=source)
+            self._output_sample(source)
         for lane in Lane:
             self.queue_wait_seconds.labels(lane=lane.value)
             self._outcome(Outcome.ADMITTED.value, Reason.ADMITTED.value, lane.value)
@@ -260,7 +260,7 @@ class AdmissionMetrics:
 
     def outcome(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
         """Count a request's end."""
-        self._outcome(outcome.value, reason.value, lane.value).inc()
+        self._outcome(outcome, reason, lane).inc()  # StrEnum members are their values (and hash alike)
 
     def queue_wait(self, lane: Lane, seconds: float) -> None:
         """Observe a queue wait."""
@@ -272,7 +272,7 @@ class AdmissionMetrics:
 
     def output_sample(self, source: str) -> None:
         """Count a learned answer length."""
-        self.output_samples.labels(source=source).inc()
+        self._output_sample(source).inc()
 
 
 class AdmissionCollector(Collector):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class Proxy:
                 "the sidecar is shutting down; retry on another replica",
                 retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0),
             )
-        header_bytes = sum(len(k) + len(v) for k, v in request.raw_headers)
+        header_bytes = sum(map(len, itertools.chain.from_iterable(request.raw_headers)))
         limit = self.settings.limits.max_header_bytes
         if header_bytes > limit:
             return RefusedError(
@@ -243,7 +244,7 @@ class Proxy:
                     )
                     return error_response(error)
                 account.lane = ticket.lane
-                lane_label = ticket.lane.value
+                lane_label = ticket.lane  # a StrEnum: its own label value
             return await self._forward(request, body, ticket, account, lane=lane_label, started=started)
         except asyncio.CancelledError:
             account.record(Outcome.CANCELLED, Reason.CLIENT_DISCONNECTED)  # the client went away first
@@ -294,8 +295,7 @@ class Proxy:
             ticket.completion_tokens = answer.completion_tokens()
             if ticket.completion_tokens is not None:
                 self.controller.metrics.output_sample("usage")
-        headers = response_headers(upstream.headers)
-        headers.popall("Content-Length", None)  # web.Response sets it from the body
+        headers = response_headers(upstream.headers, whole=True)  # web.Response sets the length from the body
         self.metrics.duration_of(lane).observe(time.perf_counter() - started)
         return web.Response(status=upstream.status, reason=upstream.reason, body=data, headers=headers)
 

@@ -51,27 +51,32 @@ def error_response(error: AdmissionError) -> web.Response:
     return web.json_response(body, status=reason.status, headers=headers)
 
 
+_NOT_FOR_VLLM = HOP_BY_HOP | {"host", "content-length"}  # aiohttp's client writes its own
+_NOT_FOR_WHOLE_ANSWERS = HOP_BY_HOP | {"content-length"}  # web.Response sets it from the body
+
+
+def _dropped(headers: CIMultiDictProxy[str], always: frozenset[str]) -> frozenset[str]:
+    """``always`` plus the headers the ``Connection`` header lists (hop-by-hop by RFC 9110 section 7.6.1)."""
+    connection = headers.get("Connection")
+    if not connection:
+        return always
+    return always | {h.strip().lower() for h in connection.split(",") if h.strip()}
+
+
 def forward_headers(headers: CIMultiDictProxy[str], peer: str | None) -> CIMultiDict[str]:
     """The request's headers for vLLM: no hop-by-hop ones, no Host or Content-Length, the peer appended."""
-    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or lowered in listed or lowered in {"host", "content-length"}:
-            continue
-        out.add(name, value)
+    drop = _dropped(headers, _NOT_FOR_VLLM)
+    out = CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in drop])
     if peer:
         prior = headers.get("X-Forwarded-For")
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
     return out
 
 
-def response_headers(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """VLLM's response headers for the client, without hop-by-hop ones."""
-    listed = {h.strip().lower() for h in headers.get("Connection", "").split(",") if h.strip()}
-    return CIMultiDict(
-        (k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in listed
-    )
+def response_headers(headers: CIMultiDictProxy[str], *, whole: bool = False) -> CIMultiDict[str]:
+    """VLLM's response headers for the client, without hop-by-hop ones (``whole``: nor Content-Length)."""
+    drop = _dropped(headers, _NOT_FOR_WHOLE_ANSWERS if whole else HOP_BY_HOP)
+    return CIMultiDict([(name, value) for name, value in headers.items() if name.lower() not in drop])
 
 
 def tenant_of(request: web.Request, header: str) -> str:
