@@ -40,6 +40,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 "replicaCount": 3},
     "tensor-parallel-2": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "vllm": {"tensorParallelSize": 2},
                           "sidecar": {"gpu": "h100", "concurrency": 4}},
+    "pipeline-parallel-2": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                            "vllm": {"tensorParallelSize": 2, "pipelineParallelSize": 2}, "sidecar": {"gpu": "h100"}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
@@ -138,7 +140,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     sidecar_args = pods["kv-sidecar"]["args"]
     sidecar = flags(sidecar_args)
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
-                 "--tensor-parallel-size", "--max-num-batched-tokens", "--block-size"):  # fmt: skip
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--max-num-batched-tokens",
+                 "--block-size"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -147,7 +150,7 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     args = build_parser().parse_args(sidecar_args)  # the sidecar accepts every flag the chart renders
     assert args.command == "run"
     gpus = pods["vllm"]["resources"]["limits"]["nvidia.com/gpu"]
-    assert gpus == int(str(vllm["--tensor-parallel-size"]))
+    assert gpus == int(str(vllm["--tensor-parallel-size"])) * int(str(vllm["--pipeline-parallel-size"]))
 
 
 def test_prometheus_rule_is_the_alerts_file_and_dashboards_are_the_json() -> None:
@@ -224,6 +227,7 @@ def test_pod_shape() -> None:
         {"vllm": {"gpuMemoryUtilization": 1.5}},
         {"vllm": {"maxModelLen": "32k"}},
         {"vllm": {"tensorParallelSize": 0}},
+        {"vllm": {"pipelineParallelSize": 0}},
         {"vllm": {"kvCacheDtype": "fp4"}},
         {"vllm": {"port": 70000}},
         {"sidecar": {"admission": {"onPressure": "drop"}}},

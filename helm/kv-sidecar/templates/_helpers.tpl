@@ -67,6 +67,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.gpuMemoryUtilization | quote }}
 - --tensor-parallel-size
 - {{ .Values.vllm.tensorParallelSize | quote }}
+- --pipeline-parallel-size
+- {{ .Values.vllm.pipelineParallelSize | quote }}
 {{- with .Values.vllm.maxNumBatchedTokens }}
 - --max-num-batched-tokens
 - {{ . | quote }}
@@ -112,6 +114,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.gpuMemoryUtilization | quote }}
 - --tensor-parallel-size
 - {{ .Values.vllm.tensorParallelSize | quote }}
+- --pipeline-parallel-size
+- {{ .Values.vllm.pipelineParallelSize | quote }}
 {{- with .Values.vllm.maxNumBatchedTokens }}
 - --max-num-batched-tokens
 - {{ . | quote }}
