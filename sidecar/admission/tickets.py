@@ -54,7 +54,7 @@ class Waiter:
     lane: Lane
     enqueued_at: float
     hashes: tuple[tuple[int, ...], ...]
-    future: asyncio.Future[Ticket] = field(init=False)
+    future: asyncio.Future[Ticket] = field(init=False, repr=False, compare=False)  # unset until queued
 
 
 def token_reservation(facts: RequestFacts, max_model_len: int | None) -> int:
