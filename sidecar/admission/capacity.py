@@ -42,20 +42,30 @@ can hold what every in-flight request will hold over the new request's lifetime,
   vLLM 0.32.0 as installed: ``vllm/v1/core/sched/request_queue.py``, ``FCFSRequestQueue`` appends and
   pops from the left; ``Scheduler._preempt_request`` prepends a preempted request, which this ledger
   exists to prevent; with ``--scheduling-policy priority`` the queue is ordered by priority instead,
-  which is not modelled here). Of the ``n`` holdings admitted before a scrape (at least
-  :data:`TRANSIT_SECONDS` before it was asked for), the newest may not have reached the engine yet, the
-  next newest are the ``w`` it counts waiting, and the others have finished or are running. So the
-  oldest ``min(r, n - w)``, with ``r`` the requests it counts running, are running or done: from that
-  scrape on they are certain to end, their progress counted from that scrape's step count. A scrape's
-  gauges and its step count describe one engine step (``AsyncLLM``'s output handler passes
-  ``scheduler_stats`` and ``iteration_stats`` to ``PrometheusStatLogger.record`` together,
-  ``vllm/v1/engine/async_llm.py``). Counting progress from the admission instead took a request
-  staged in vLLM's queue to have run while it waited: vLLM preempted once through the sidecar in
-  about one mid-size spike in three (fresh-clone CI runs at ``a63a275`` and ``e551477``). Clients
-  that bypass the sidecar only make ``w`` larger (more caution); theirs running make ``r`` larger,
-  which ``n - w`` caps. With data-parallel engines (their counts summed) each engine's queue is first
-  come, first served but the sidecar does not know which engine took which request, so the reading is
-  approximate there.
+  which is not modelled here). vLLM counts requests, and a holding is ``len(prompts) x n`` of them (each
+  prompt of a batch is a request, and ``n`` fans out into child requests, ``parallel_sampling.py``). Of the
+  holdings admitted before a scrape was asked for, oldest first, the newest may not have reached the engine
+  yet and the next newest are the ``w`` it counts waiting; so the oldest ``min(r, s - w)`` requests, with
+  ``s`` the holdings' requests and ``r`` the requests it counts running, are running or done. A request
+  still on its way is counted in neither ``r`` nor ``w``, so with nobody else on the engine it cannot be
+  among them, however fresh: a holding counts as shown from the first scrape after its admission, not
+  :data:`TRANSIT_SECONDS` later. Two exceptions keep the reading safe. Requests admitted within
+  :data:`TRANSIT_SECONDS` of each other may reach vLLM in either order, so a holding is not taken as
+  shown while one admitted less than that after it is not. And when the engine counts more requests than
+  the sidecar has in flight, or its gauge shows blocks the ledger cannot explain, someone else uses it
+  (clients bypassing the sidecar): their requests could stand in the counts for a holding still on its way,
+  so only holdings admitted :data:`TRANSIT_SECONDS` before the scrape are read. From that scrape on they
+  are certain to end, their progress counted from that scrape's step count. A scrape's gauges and its step
+  count describe one engine step (``AsyncLLM``'s output handler passes ``scheduler_stats`` and
+  ``iteration_stats`` to ``PrometheusStatLogger.record`` together, ``vllm/v1/engine/async_llm.py``), taken
+  after the scrape was asked for, so the count bounds the start from above. Counting progress from the
+  admission instead took a request staged in vLLM's queue to have run while it waited: vLLM preempted once
+  through the sidecar in about one mid-size spike in three (fresh-clone CI runs at ``a63a275`` and
+  ``e551477``). Waiting for :data:`TRANSIT_SECONDS` after every admission instead (until 2026-12-02) made
+  the start known up to half a second late, a hundred steps and more of a fast engine, and a long request
+  started that much later behind another. With data-parallel engines (their counts summed) each engine's
+  queue is first come, first served but the sidecar does not know which engine took which request, so the
+  reading is approximate there.
 * **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
   a full prompt block whose tokens (and all before it) equal a block already held by a running
   request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented
@@ -88,9 +98,8 @@ ENTRY_STEPS = 8
 The HTTP hop, the API server's processing and the hand-off to the engine core take tens of milliseconds
 on a busy host, while the step counter runs on for others: a request is taken to end this much later."""
 TRANSIT_SECONDS = 0.25
-"""A scrape asked this soon after an admission does not show the request running: requests admitted within
-a few milliseconds of each other may reach vLLM in either order, so the first-come-first-served reading of
-the scrape's counts holds only for requests that have had time to arrive."""
+"""The most a request may take from its admission to vLLM's scheduler: two admitted closer than this may
+arrive in either order, and with others on the engine a scrape asked sooner may not show it yet."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
 
@@ -160,6 +169,11 @@ class Demand:
             reach = peak if math.isinf(horizon) else min(peak, prompt + generated + int(horizon))
             total += self.choices * pool.sequence_blocks(reach) - self._hashed(index)
         return total
+
+    @property
+    def sequences(self) -> int:
+        """Requests vLLM counts for it: one per prompt and choice (``n`` fans out into child requests)."""
+        return len(self.prompts) * self.choices
 
     @property
     def all_hashes(self) -> set[int]:
@@ -296,6 +310,29 @@ class CapacityLedger:
                 return False
         return True
 
+    def _mark_running(
+        self, step_count: float, sampled_at: float, *, waiting: float | None, running: float | None
+    ) -> None:
+        """Give the holdings the scrape shows running its step count (the theory of operation says which)."""
+        ordered = list(self.holdings.values())  # oldest first
+        counted = (running or 0) + (waiting or 0)
+        others = counted > sum(h.demand.sequences for h in ordered) or self.unexplained > 0
+        seen = sampled_at - (TRANSIT_SECONDS if others else 0.0)
+        before = [h for h in ordered if h.admitted_at < seen]
+        shown = sum(h.demand.sequences for h in before) - math.ceil(waiting or 0)
+        if running is not None:
+            shown = min(shown, math.floor(running))
+        prefix = 0
+        for holding in before:
+            if holding.demand.sequences > shown:
+                break
+            shown -= holding.demand.sequences
+            prefix += 1
+        boundary = ordered[prefix].admitted_at if prefix < len(ordered) else math.inf
+        for holding in before[:prefix]:
+            if holding.started_high is None and holding.admitted_at <= boundary - TRANSIT_SECONDS:
+                holding.started_high = step_count
+
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
         return pool.blocks - self.projected(steps, math.inf, pool) - self.unexplained
@@ -317,14 +354,7 @@ class CapacityLedger:
         the latest step they started at; what the ledger cannot explain is kept.
         """
         if step_count is not None:
-            seen = sampled_at - TRANSIT_SECONDS
-            before = [h for h in self.holdings.values() if h.admitted_at < seen]  # oldest first
-            shown = len(before) - math.ceil(waiting or 0)
-            if running is not None:
-                shown = min(shown, math.floor(running))
-            for holding in before[: max(0, shown)]:
-                if holding.started_high is None:
-                    holding.started_high = step_count
+            self._mark_running(step_count, sampled_at, waiting=waiting, running=running)
         if used_blocks is not None:
             explained = self.projected(steps, 0, pool)
             self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))

@@ -164,10 +164,50 @@ def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:
     assert not older.fits(candidate, POOL, at)  # 8 + 1 + 1 + 6
     late = CapacityLedger()
     late.add(long, Steps(low=0, high=0), now=0.9)
-    late.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
-    assert not late.fits(candidate, POOL, at)  # asked while it may have been on its way into vLLM
+    late.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=2, step_count=0, sampled_at=1.0)
+    assert not late.fits(candidate, POOL, at)  # someone else runs too: it may have been on its way into vLLM
     late.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, sampled_at=2.0)
     assert not late.fits(candidate, POOL, at)  # a scrape without a step count gives no start step
+
+
+@pytest.mark.parametrize(
+    ("admitted", "waiting", "running", "unexplained", "marked"),
+    [
+        # a lone request the engine counts running is running, however fresh: nobody else could be counted
+        ((0.95,), 0, 1, 0, (True,)),
+        ((0.95,), 1, 0, 0, (False,)),  # the one waiting
+        ((0.95,), 0, 0, 0, (False,)),  # not arrived yet (or done)
+        # others use the engine (more counted than the sidecar sent, or blocks it cannot explain): only requests
+        # admitted TRANSIT_SECONDS before the scrape can be told apart from theirs
+        ((0.95,), 0, 2, 0, (False,)),
+        ((0.95,), 0, 1, 3, (False,)),
+        ((0.5,), 0, 2, 0, (True,)),
+        # two admitted 50 ms apart, one counted running: either may have reached vLLM first
+        ((0.90, 0.95), 1, 1, 0, (False, False)),
+        ((0.90, 0.95), 0, 1, 0, (False, False)),
+        ((0.90, 0.95), 0, 2, 0, (True, True)),
+        ((0.10, 0.15), 1, 1, 0, (False, False)),  # long arrived, but in either order
+        ((0.50, 0.95), 1, 1, 0, (True, False)),  # far enough apart to be in order
+        ((0.50, 0.95), 0, 1, 0, (True, False)),
+    ],
+)
+def test_which_holdings_a_scrape_shows_running(
+    admitted: tuple[float, ...], waiting: int, running: int, unexplained: int, marked: tuple[bool, ...]
+) -> None:
+    ledger = CapacityLedger(unexplained=unexplained)
+    keys = [ledger.add(demand(600, 400), Steps(low=0, high=0), now=at) for at in admitted]
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=waiting, running=running, step_count=7, sampled_at=1.0)
+    assert tuple(ledger.holdings[k].started_high == 7 for k in keys) == marked
+
+
+def test_a_request_with_n_choices_is_counted_as_n_requests() -> None:
+    """vLLM fans ``n`` out into child requests, each counted running: two counted may be one request."""
+    ledger = CapacityLedger()
+    pair = ledger.add(Demand((600,), 2, 200, 200, 1024), Steps(low=0, high=0), now=0.0)
+    single = ledger.add(demand(600, 400), Steps(low=0, high=0), now=0.5)
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=2, step_count=7, sampled_at=1.0)
+    assert ledger.holdings[pair].started_high == 7
+    assert ledger.holdings[single].started_high is None  # on its way, or done: not the second one counted
 
 
 def test_a_request_past_its_expectation_is_expected_to_grow() -> None:
