@@ -132,6 +132,7 @@ class SidecarApp:
             outputs=options.outputs,
             on_policy=self._on_policy,
             max_num_seqs=lambda: inputs.max_num_seqs,
+            scrape_soon=self._scrape_soon,
         )
         self.registry.register(AdmissionCollector(self.controller))
         gateway = GatewayCollector(lambda: current_load(self.controller, self._engine_snapshot))
@@ -196,6 +197,10 @@ class SidecarApp:
 
     def _kv_samples(self) -> list[tuple[float, float]]:
         return [(o.at, o.kv_usage) for o in self.monitor.history.observations() if o.kv_usage is not None]
+
+    def _scrape_soon(self, delay: float) -> None:
+        if self._scraper is not None:
+            self._scraper.scrape_soon(delay)
 
     def _engine_retry_after(self) -> int:
         delay = self._scraper.next_delay() if self._scraper else self.options.scrape.interval

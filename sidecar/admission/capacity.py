@@ -279,19 +279,22 @@ class CapacityLedger:
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         return demand.private_blocks(0, math.inf, pool) + new_shared
 
-    def fits(self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0) -> bool:
+    def fits(
+        self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0, full_for: float = 0.0
+    ) -> bool:
         """Whether ``demand`` fits beside everyone over its lifetime, leaving ``headroom`` blocks free.
 
-        With nothing of the sidecar's in flight the answer is yes, whatever the gauge says: waiting for
-        blocks held by others (clients bypassing the sidecar) could last forever, and vLLM queues a
-        request it cannot place yet by itself. So the sidecar always makes progress, one at a time.
+        The headroom may be used in the last ``full_for`` steps before each certain end (usage only grows
+        between releases): a request needing it then waits at most that long. With nothing of the sidecar's
+        in flight the answer is yes, whatever the gauge says: waiting for blocks held by others (clients
+        bypassing the sidecar) could last forever, and vLLM queues a request it cannot place yet by itself.
         """
         if not self.holdings:
             return True
         lifetime = demand.lifetime + pool.block_size
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
-        base = len(self.shared) + new_shared + self.unexplained + headroom
-        peaks = base + demand.private_blocks(0, math.inf, pool)
+        base = len(self.shared) + new_shared + self.unexplained
+        peaks = base + headroom + demand.private_blocks(0, math.inf, pool)
         if (
             peaks + sum(self._private(h, steps, math.inf, pool) for h in self.holdings.values())
             <= pool.blocks
@@ -300,15 +303,45 @@ class CapacityLedger:
         ends = {key: holding.steps_left(steps.low) for key, holding in self.holdings.items()}
         points = sorted(t for t in ends.values() if t < lifetime)[:MAX_RELEASE_POINTS]
         considered = set(points)
-        for point in [*points, lifetime]:
-            total = base + demand.private_blocks(0, point, pool)
+        checks = [(point, 0) for point in [*points, lifetime]]
+        if headroom:
+            checks += [(max(0.0, point - full_for), headroom) for point in [*points, lifetime]]
+        for at, room in checks:
+            total = base + room + demand.private_blocks(0, at, pool)
             for key, holding in self.holdings.items():
                 end = ends[key]
-                if end >= point or end not in considered:
-                    total += self._private(holding, steps, point, pool)
+                if end >= at or end not in considered:
+                    total += self._private(holding, steps, at, pool)
             if total > pool.blocks:
                 return False
         return True
+
+    def steps_until_fit(
+        self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0, full_for: float = 0.0
+    ) -> float | None:
+        """About how many engine steps from now :meth:`fits` says yes if nobody comes or goes (else ``None``).
+
+        Bisected as if the answer only grew with progress: when to look again, never a decision (every
+        admission is decided by :meth:`fits` on what a scrape has shown).
+        """
+        low, high = steps.low, steps.high
+        ends = [end for h in self.holdings.values() if not math.isinf(end := h.steps_left(low))]
+        if low is None or not ends:
+            return None
+
+        def fits_after(ahead: float) -> bool:
+            later = Steps(low + ahead, None if high is None else high + ahead)
+            return self.fits(demand, pool, later, headroom=headroom, full_for=full_for)
+
+        if fits_after(0.0):
+            return 0.0
+        below, above = 0, math.ceil(max(ends)) + 1
+        if not fits_after(above):
+            return None
+        while above - below > 1:
+            middle = (below + above) // 2
+            below, above = (below, middle) if fits_after(middle) else (middle, above)
+        return above
 
     def _mark_running(
         self, step_count: float, sampled_at: float, *, waiting: float | None, running: float | None

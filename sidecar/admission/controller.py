@@ -45,7 +45,7 @@ from sidecar.admission.decide import (
     decide,
     lane_of,
 )
-from sidecar.admission.order import pick_next, urgency
+from sidecar.admission.order import pick_next
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError, reason_message
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.parity import engine_refusal
@@ -79,18 +79,22 @@ class AdmissionController:
         outputs: OutputSettings | None = None,
         on_policy: Callable[[AdmissionMode, str], None] | None = None,
         max_num_seqs: Callable[[], int | None] = lambda: None,
+        scrape_soon: Callable[[float], None] = lambda _delay: None,
     ) -> None:
         self.config = config
         self.detector = detector
         self.queue_settings = queue_settings
         self.metrics = metrics
         self.staleness = staleness or Staleness()
-        self._clock = clock
+        self.now = clock
+        """The injected clock."""
         self._max_model_len = max_model_len
         self._pool = pool
-        self._kv_samples = kv_samples
+        self.kv_samples = kv_samples
+        """Recent ``(time, KV usage)`` samples from the monitor's history."""
         self._metrics_age = metrics_age
         self._on_policy = on_policy
+        self._scrape_soon = scrape_soon
         self.planner = CapacityPlanner(
             pool=pool, max_model_len=max_model_len, outputs=outputs, max_num_seqs=max_num_seqs
         )
@@ -107,10 +111,6 @@ class AdmissionController:
         self.waits = WaitAdvisor(self)
 
     # -- state -------------------------------------------------------------------------------------
-
-    def now(self) -> float:
-        """The injected clock's time."""
-        return self._clock()
 
     def is_stale(self, now: float) -> bool:
         """Whether the engine's metrics are stale at ``now`` (by the clock, not only when a scrape ends)."""
@@ -185,7 +185,7 @@ class AdmissionController:
     # -- admission ---------------------------------------------------------------------------------
 
     def _grant(self, waiter: Waiter, waited: float, policy: AdmissionMode, *, queued: bool = False) -> Ticket:
-        now = self._clock()
+        now = self.now()
         in_ledger = policy is AdmissionMode.CAPACITY
         holding = self.planner.hold(waiter.facts, waiter.hashes, now, in_ledger=in_ledger)
         self.inflight[waiter.lane] += 1
@@ -219,7 +219,7 @@ class AdmissionController:
         max_model_len = self._max_model_len()
         refusal = engine_refusal(facts, max_model_len)
         request = admission_request(facts, max_model_len, refusal.reason if refusal else None)
-        now, policy = self._clock(), self.policy()
+        now, policy = self.now(), self.policy()
         waiter = Waiter(facts, request, self.lane_of(facts), now, self.planner.hashes(facts))
         if waiter.lane is Lane.SHORT and policy is AdmissionMode.CAPACITY:
             self.planner.saw_short(facts, waiter.hashes, now)
@@ -265,13 +265,13 @@ class AdmissionController:
             ) from None
         except asyncio.CancelledError:  # the caller counts the cancellation (it knows the whole request)
             if queue.remove(entry):
-                self.metrics.queue_wait(waiter.lane, self._clock() - waiter.enqueued_at)
+                self.metrics.queue_wait(waiter.lane, self.now() - waiter.enqueued_at)
             elif waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 self.release(waiter.future.result(), completed=False)  # granted, but the client is gone
             raise
 
     def _left_queue(self, waiter: Waiter, outcome: Outcome, reason: Reason) -> None:
-        self.metrics.queue_wait(waiter.lane, self._clock() - waiter.enqueued_at)
+        self.metrics.queue_wait(waiter.lane, self.now() - waiter.enqueued_at)
         self.count(outcome, reason, waiter.lane)
 
     def _long_head_has_waited(self, now: float) -> bool:
@@ -285,22 +285,14 @@ class AdmissionController:
         size: Callable[[QueueEntry[Waiter]], int] = lambda e: self.planner.expected_tokens(e.payload.facts)  # noqa: E731
         return pick_next(queue.next_tenant_entries(), size, lambda e: now - e.payload.enqueued_at)
 
-    def urgency(self, waiter: Waiter, now: float) -> float:
-        """The waiter's place in the urgency order (lower goes first): see :mod:`sidecar.admission.order`."""
-        return urgency(self.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
-
-    def kv_samples(self) -> list[tuple[float, float]]:
-        """Recent ``(time, KV usage)`` samples from the monitor's history."""
-        return self._kv_samples()
-
-    def _dispatch_lane(self, lane: Lane) -> bool:
-        """Grant the lane's waiters while they are admitted; ``True`` when the next one still waits.
+    def _dispatch_lane(self, lane: Lane) -> Waiter | None:
+        """Grant the lane's waiters while they are admitted; the next one, left waiting (``None``: nobody).
 
         Under ``capacity`` the next one is the most urgent waiting request of the tenant whose turn it
         is (shortest expected first, with ageing: see :mod:`sidecar.admission.order`).
         """
         queue = self.queues[lane]
-        while (entry := self._next_entry(queue, now := self._clock())) is not None:
+        while (entry := self._next_entry(queue, now := self.now())) is not None:
             waiter = entry.payload
             if waiter.future.done():
                 queue.remove(entry)
@@ -308,23 +300,30 @@ class AdmissionController:
             policy = self.policy()
             view = self._view(waiter, policy, now, as_head=True)
             if decide(waiter.request, view, self.config).action != Action.ADMIT:
-                return True
+                return waiter
             queue.take(entry)
-            waited = self._clock() - waiter.enqueued_at
+            waited = self.now() - waiter.enqueued_at
             self.metrics.queue_wait(lane, waited)
             waiter.future.set_result(self._grant(waiter, waited, policy, queued=True))
-        return False
+        return None
 
     def dispatch(self) -> None:
-        """Grant queued requests while ``decide`` admits the head of their lane (see the module docstring)."""
+        """Grant queued requests while ``decide`` admits the head of their lane (see the module docstring).
+
+        Under ``capacity``, then asks for the scrape that would next let a waiting request in
+        (:meth:`~sidecar.admission.planner.CapacityPlanner.scrape_wanted`).
+        """
         if not (self.queues[Lane.SHORT] or self.queues[Lane.LONG]):  # the common case: nobody waits
             return
-        if self.policy() is AdmissionMode.CAPACITY and self._long_head_has_waited(self._clock()):
-            if not self._dispatch_lane(Lane.LONG):
-                self._dispatch_lane(Lane.SHORT)
-            return
-        for lane in (Lane.SHORT, Lane.LONG):  # short requests first
-            self._dispatch_lane(lane)
+        capacity = self.policy() is AdmissionMode.CAPACITY
+        waited = capacity and self._long_head_has_waited(self.now())
+        lanes = (Lane.LONG, Lane.SHORT) if waited else (Lane.SHORT, Lane.LONG)  # short requests first
+        heads = [self._dispatch_lane(lanes[0])]
+        if heads[0] is None or not waited:  # a long head that waited its turn holds shorts back
+            heads.append(self._dispatch_lane(lanes[1]))
+        blocked = [(w.facts, w.hashes, w.lane is Lane.LONG and not waited) for w in heads if w is not None]
+        if capacity and blocked and (delay := self.planner.scrape_wanted(self.now(), blocked)) is not None:
+            self._scrape_soon(delay)
 
     def progress(self, ticket: Ticket, generated: int) -> None:
         """A streaming answer has reached ``generated`` tokens per sequence."""
@@ -335,7 +334,7 @@ class AdmissionController:
         if ticket.released:
             return
         ticket.released = True
-        now = self._clock()
+        now = self.now()
         self.inflight[ticket.lane] -= 1
         self.reserved_tokens -= ticket.reserved_tokens
         if completed:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, prompt_hashes
+from sidecar.admission.capacity import TRANSIT_SECONDS, CapacityLedger, Demand, PoolView, prompt_hashes
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import OutputLengths, OutputSettings
@@ -34,8 +34,19 @@ it cannot cause a preemption, and the sidecar still chooses everything behind it
 """
 
 
+ENTRY_SECONDS = 0.03
+"""About how long an admitted request takes to reach vLLM's scheduler: when a scrape may first show it."""
+
 SHORT_HEADROOM_SECONDS = 1.0
 """A long request leaves room for one short request when shorts were seen this recently."""
+SHORT_WAIT_STEPS = 128
+"""...except in the last this many engine steps before an in-flight request is certain to end.
+
+Long requests whose ends are known fill the pool only near those ends (everyone grows until someone
+leaves), so a short request that arrives then waits at most this many steps; leaving the room free for
+their whole lives instead kept a second long request out until the first was 230 steps further along, and
+the long-prompt spike ran 1.3-1.6x straight's time (it needs 104 steps between two 600 + 400 requests).
+"""
 
 
 class CapacityPlanner:
@@ -92,16 +103,23 @@ class CapacityPlanner:
 
         With ``leave_short_room`` (a long request, while no long one has waited its turn) it must also
         leave the blocks of the last short request free when shorts came in the last
-        :data:`SHORT_HEADROOM_SECONDS`: two long requests may otherwise fill the pool between them
-        for their whole lives, and every short one would wait for a long one to end.
+        :data:`SHORT_HEADROOM_SECONDS`, except in the last :data:`SHORT_WAIT_STEPS` before a release:
+        two long requests may otherwise fill the pool between them for their whole lives, and every
+        short one would wait for a long one to end.
         """
         demand, pool = self.demand(facts, hashes), self.pool()
         if demand is None or pool is None:
             return True
-        room, last = 0, self.last_short
+        room = self._short_room(now, leave_short_room=leave_short_room)
+        return self.ledger.fits(
+            demand, pool, self.steps.bounds(now), headroom=room, full_for=SHORT_WAIT_STEPS
+        )
+
+    def _short_room(self, now: float, *, leave_short_room: bool) -> int:
+        last = self.last_short
         if leave_short_room and last is not None and now - last[0] <= SHORT_HEADROOM_SECONDS:
-            room = last[1]
-        return self.ledger.fits(demand, pool, self.steps.bounds(now), headroom=room)
+            return last[1]
+        return 0
 
     def saw_short(self, facts: RequestFacts, hashes: Hashes, now: float) -> None:
         """A short-lane request arrived: long ones leave its blocks free for a while."""
@@ -116,6 +134,38 @@ class CapacityPlanner:
         """Prompts plus expected output over every sequence (the urgency order's size)."""
         expected, _ = self.outputs.expected(facts, self.max_model_len() or 0)
         return sum(facts.prompts) + expected * facts.sequences
+
+    def scrape_wanted(self, now: float, heads: Iterable[tuple[RequestFacts, Hashes, bool]]) -> float | None:
+        """Seconds until a scrape would tell waiting requests something, or ``None`` (the interval will do).
+
+        A waiting request starts when the ledger *knows* enough (see :mod:`sidecar.admission.capacity`):
+        that a holding runs, which only a scrape after its admission shows, and how far the holdings whose
+        end is certain have come, which only the step count of a later scrape shows. So while requests
+        wait (``heads``: each lane's next, with whether it leaves short requests room), a scrape is
+        wanted :data:`ENTRY_SECONDS` after each admission no scrape has shown yet (for
+        :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`), and when the engine, at its recent step
+        rate, will have run the steps after which a head fits (:meth:`CapacityLedger.steps_until_fit`).
+        Between scrapes at the interval, each of these waited half an interval on average: on the
+        long-prompt spike, ~70 engine steps per long request, 1.2x straight's time all told.
+        """
+        wanted = [
+            max(0.0, held.admitted_at + ENTRY_SECONDS - now)
+            for held in self.ledger.holdings.values()
+            if held.started_high is None and now - held.admitted_at < TRANSIT_SECONDS
+        ]
+        pool, rate, steps = self.pool(), self.steps.recent_rate, self.steps.bounds(now)
+        if pool is not None and rate > 0:
+            for facts, hashes, leave_short_room in heads:
+                demand = self.demand(facts, hashes)
+                if demand is None:
+                    continue
+                ahead = self.ledger.steps_until_fit(
+                    demand, pool, steps, headroom=self._short_room(now, leave_short_room=leave_short_room),
+                    full_for=SHORT_WAIT_STEPS,
+                )  # fmt: skip
+                if ahead:
+                    wanted.append(ahead / rate)
+        return min(wanted, default=None)
 
     # -- the engine's sequence limit ---------------------------------------------------------------
 

@@ -30,6 +30,7 @@ class StepClock:
 
     _last: tuple[float, float] | None = None  # (time, steps) of the last scrape
     max_rate: float = 0.0  # steps per second
+    recent_rate: float = 0.0  # steps per second between the last two scrapes
 
     def observe(self, now: float, steps: float | None) -> None:
         """A scrape at ``now`` read ``steps``."""
@@ -38,9 +39,10 @@ class StepClock:
         if self._last is not None:
             then, before = self._last
             if steps < before:  # the engine restarted
-                self.max_rate = 0.0
+                self.max_rate = self.recent_rate = 0.0
             elif now > then:
-                self.max_rate = max(self.max_rate, (steps - before) / (now - then))
+                self.recent_rate = (steps - before) / (now - then)
+                self.max_rate = max(self.max_rate, self.recent_rate)
         self._last = (now, steps)
 
     def bounds(self, now: float) -> Steps:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.admission.decide import AdmissionMode
+from sidecar.admission.order import urgency
 from sidecar.admission.outcomes import Lane, Reason, RefusedError
 from sidecar.admission.retry import (
     clamp_retry_after,
@@ -85,6 +86,10 @@ class WaitAdvisor:
             return clamp_retry_after(c.detector.settings.window)
         return None
 
+    def _urgency(self, waiter: Waiter, now: float) -> float:
+        """The waiter's place in the urgency order (lower goes first): see :mod:`sidecar.admission.order`."""
+        return urgency(self._controller.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
+
     def _oldest_wait(self, now: float) -> float:
         heads = [q.peek() for q in self._controller.queues.values()]
         return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
@@ -95,13 +100,13 @@ class WaitAdvisor:
         now = c.now()
         if not c.planner.known() or self._oldest_wait(now) < wait_limit / 2:
             return None
-        mine = c.urgency(waiter, now)
+        mine = self._urgency(waiter, now)
         lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
         ahead = [
             (e.payload.facts, e.payload.hashes)
             for lane in lanes
             for e in c.queues[lane].peek_many(len(c.queues[lane]))
-            if c.urgency(e.payload, now) <= mine
+            if self._urgency(e.payload, now) <= mine
         ]
         estimate = c.planner.queue_wait(ahead, (waiter.facts, waiter.hashes), now)
         if estimate is None or estimate <= wait_limit:

@@ -3,7 +3,9 @@
 Each round fetches the page with a timeout, scans it (see :mod:`sidecar.signals`), reads NVML in
 a worker thread when enabled, and reports the outcome to the :class:`~sidecar.monitor.monitor.Monitor`
 with the injected clock's time. After a failure the next round waits
-``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Durations, failures by
+``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Admission may ask for a
+round sooner (:meth:`EngineScraper.scrape_soon`: when a waiting request would learn something), never
+sooner than :data:`SOONEST_SECONDS` after the last one asked, and not while failing. Durations, failures by
 reason and restarts go to a :class:`ScrapeRecorder` (Prometheus families in ``sidecar.server.metrics``);
 logging of state changes is the monitor's job.
 """
@@ -11,6 +13,7 @@ logging of state changes is the monitor's job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -28,6 +31,8 @@ from sidecar.signals.kinds import EngineKind
 __all__ = ["EngineScraper", "ScrapeRecorder", "ScrapeSettings"]
 
 MAX_PAGE_BYTES = 16 * 1024 * 1024
+SOONEST_SECONDS = 0.05
+"""Rounds asked for by admission are this far apart at least (a page costs vLLM's API process ~10 ms)."""
 
 
 class ScrapeRecorder(Protocol):
@@ -75,6 +80,9 @@ class EngineScraper:
         self._on_round = on_round
         self._metrics_url = settings.metrics_url or f"{self._base}{settings.metrics_path()}"
         self._due: float | None = None  # when the next round should ask (set after each round)
+        self._soon: float | None = None  # when admission wants a round, if sooner
+        self._asked = -float("inf")  # when the last round asked
+        self._woken = asyncio.Event()
         self.last_page = b""
         """The last page that scanned cleanly, as the engine sent it (served again to gateways)."""
 
@@ -128,7 +136,9 @@ class EngineScraper:
             gpus = await self._nvml.read_async()
             self._monitor.record_gpus(gpus, self._nvml.available, self._nvml.unavailable_reason)
         started = time.perf_counter()
-        asked = self._clock()
+        asked = self._asked = self._clock()
+        if self._soon is not None and self._soon <= asked:
+            self._soon = None
         if self._due is not None:  # asked late because the sidecar was busy: its own delay, not the engine's
             self._monitor.engine.own_delay += max(0.0, asked - self._due)
         try:
@@ -172,13 +182,39 @@ class EngineScraper:
         self._due = self._clock() + delay
         return delay
 
+    def scrape_soon(self, delay: float) -> None:
+        """Ask for a round ``delay`` seconds from now, if that is before the next one is due.
+
+        The earliest ask is kept, and a round answers every ask due by the time it asks; admission asks
+        again after each round (its dispatch runs on every scrape), so a later ask is never lost for long.
+        """
+        at = self._clock() + max(0.0, delay)
+        if self._soon is None or at < self._soon:
+            self._soon = at
+            self._woken.set()
+
+    async def _sleep(self, delay: float) -> None:
+        """Until ``delay`` seconds have passed or a round asked for by :meth:`scrape_soon` is due."""
+        deadline = self._clock() + delay
+        while True:
+            target = deadline
+            if self._soon is not None and self._monitor.engine.consecutive_failures == 0:
+                target = min(target, max(self._soon, self._asked + SOONEST_SECONDS))
+            remaining = target - self._clock()
+            if remaining <= 0:
+                return
+            self._woken.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._woken.wait()
+
     async def run(self) -> None:
         """Scrape forever (until cancelled)."""
         while True:
             await self.scrape_once()
             if self._on_round is not None:
                 self._on_round()
-            await asyncio.sleep(self.schedule_next())
+            await self._sleep(self.schedule_next())
 
     async def supervise(self, log: FilteringBoundLogger) -> None:
         """:meth:`run`, started again (after the interval, counted, logged) whenever it dies of a bug.

@@ -236,3 +236,49 @@ def test_free_blocks() -> None:
     ledger = CapacityLedger(unexplained=2)
     ledger.add(demand(600, 400), UNKNOWN)
     assert ledger.free_blocks(POOL, UNKNOWN) == 15 - 8 - 2
+
+
+def _running_long(ledger: CapacityLedger) -> None:
+    """One 600 + 400 request (8 blocks at its peak), shown running by a scrape at step 0."""
+    ledger.add(demand(600, 400), Steps(low=0, high=0))
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
+
+
+@pytest.mark.parametrize(
+    ("progress", "headroom", "full_for", "fits"),
+    [
+        (114, 0, 0, False),  # the plain rule: the second needs the first 115 steps along (8 + 7 at its end)
+        (115, 0, 0, True),
+        (115, 1, 128, True),  # full only in the last 128 steps before a certain end: shorts wait that long
+        (114, 1, 128, False),  # ...and the plain rule still holds
+        (178, 1, 64, False),  # 64 steps before the end: 8 + 7 + 1 > 15
+        (179, 1, 64, True),  # 8 + 6 + 1
+        (242, 1, 0, False),  # no window: the headroom is kept to the end (8 + 7 + 1)
+        (243, 1, 0, True),
+    ],
+)
+def test_headroom_may_be_used_only_just_before_a_certain_end(
+    progress: int, headroom: int, full_for: int, fits: bool
+) -> None:
+    """A long request leaving a short one's block free, except in the last ``full_for`` steps before a release.
+
+    Leaving it free over the whole lifetime kept the second long request of the long-prompt spike out until
+    the first was 230 steps along instead of 115 (1.3-1.6x straight's makespan).
+    """
+    ledger = CapacityLedger()
+    _running_long(ledger)
+    steps = Steps(low=progress, high=progress)
+    assert ledger.fits(demand(600, 400), POOL, steps, headroom=headroom, full_for=full_for) is fits
+
+
+def test_steps_until_fit_is_when_a_waiting_request_would_fit() -> None:
+    ledger = CapacityLedger()
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=0, high=0)) is None  # nobody to wait for
+    ledger.add(demand(600, 400), Steps(low=0, high=0))
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) is None  # not shown running
+    ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) == 65  # at 115 steps along
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=115, high=115)) == 0
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), headroom=1) == 193  # 243
+    # 8 + 8 > 15 while the first is held: only its release lets this one in
+    assert ledger.steps_until_fit(demand(900, 124), POOL, Steps(low=50, high=50)) is None

@@ -208,3 +208,25 @@ async def test_the_engine_sequence_limit_plus_one_staged_request_is_forwarded(ma
     for ticket in tickets:
         controller.release(ticket)
     assert controller.total_inflight == 0
+
+
+async def test_a_waiting_request_asks_for_the_scrape_that_would_let_it_in() -> None:
+    """The second long request fits once the first is 115 steps along: a scrape is asked for then, not later."""
+    clock = Clock()
+    controller = make(clock)
+    asked: list[float] = []
+    controller._scrape_soon = asked.append  # noqa: SLF001 - the hook under test (the app wires the scraper)
+    controller.observe(clock.now, 0.0, stale=False, steps=1000, waiting=0, running=0)
+    first = await admit(controller, LONG)
+    clock.now += 0.1
+    controller.observe(clock.now, 0.3, stale=False, steps=1040, waiting=0, running=1)  # 400 steps/s; shown
+    second = asyncio.create_task(admit(controller, LONG))
+    await asyncio.sleep(0)
+    assert asked[-1] == pytest.approx(115 / 400)  # 115 steps from the scrape that showed the first running
+    clock.now += 0.29
+    controller.observe(clock.now, 0.4, stale=False, steps=1154, waiting=0, running=1)
+    assert controller.total_inflight == 1  # 114 steps along
+    controller.observe(clock.now, 0.4, stale=False, steps=1155, waiting=0, running=1)
+    assert controller.total_inflight == 2
+    for ticket in (first, await asyncio.wait_for(second, 1.0)):
+        controller.release(ticket)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
-from sidecar.admission.planner import SHORT_HEADROOM_SECONDS, CapacityPlanner
+from sidecar.admission.capacity import TRANSIT_SECONDS, PoolView
+from sidecar.admission.planner import ENTRY_SECONDS, SHORT_HEADROOM_SECONDS, CapacityPlanner
 
 POOL = PoolView(blocks=15, block_size=128)
 
@@ -37,3 +39,26 @@ def test_a_request_asked_again_is_planned_with_what_was_learned_in_between() -> 
     after = planner.demand(request, ())
     assert after is not None
     assert after.expected_output == 100  # 40 x 2.5 after one answer
+
+
+def test_a_scrape_is_wanted_soon_after_an_admission_no_scrape_has_shown() -> None:
+    """Progress counts from the first scrape that shows a request running: the sooner, the less it lags."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    assert planner.scrape_wanted(10.0, []) is None  # nothing in flight
+    planner.hold(facts(600, 400), (), 10.0, in_ledger=True)
+    assert planner.scrape_wanted(10.0, []) == pytest.approx(ENTRY_SECONDS)
+    assert planner.scrape_wanted(10.1, []) == 0.0  # overdue: now
+    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, []) is None  # too old to be on its way: the interval
+    planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
+    assert planner.scrape_wanted(10.06, []) is None  # shown running
+
+
+def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_request_needs() -> None:
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    planner.hold(facts(600, 400), (), 10.0, in_ledger=True)
+    planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
+    planner.observe(10.30, 0.4, stale=False, steps=1100, waiting=0, running=1, sampled_at=10.30)  # 400/s
+    head = (facts(600, 400), (), False)
+    # the second long fits once the first is 115 steps along (test_capacity): 15 more steps, 37.5 ms at 400/s
+    assert planner.scrape_wanted(10.31, [head]) == pytest.approx(15 / 400)
+    assert planner.scrape_wanted(10.31, [(facts(24, 16), (), False)]) is None  # a short one fits already

@@ -1,0 +1,62 @@
+"""Admission asks the scraper for a round sooner than the interval: soon, but never too often, never while failing."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+import httpx
+
+from sidecar.logs import make_logger
+from sidecar.monitor.diagnose import MonitorSettings
+from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.scraper import SOONEST_SECONDS, EngineScraper
+from sidecar.settings import ScrapeSettings
+from tests.fake_vllm import PRESSURE_PAGE, page
+from tests.unit.test_scrape_lateness import Recorder
+
+
+async def _rounds(*, failing: bool, asks: list[float]) -> list[float]:
+    """When the rounds of a scraper with a 10 s interval asked, over 0.5 s, with ``scrape_soon`` asked at ``asks``."""
+    monitor = Monitor(PlanInputs(), MonitorSettings(), make_logger(io.StringIO()))
+    text = page(PRESSURE_PAGE)
+    asked: list[float] = []
+    start = time.monotonic()
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            asked.append(time.monotonic() - start)
+            return httpx.Response(500 if failing else 200, text=text)
+        return httpx.Response(200, text="{}")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        scraper = EngineScraper(
+            client, "http://engine", monitor, Recorder(), settings=ScrapeSettings(interval=10.0)
+        )
+        task = asyncio.create_task(scraper.run())
+        for at in asks:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            scraper.scrape_soon(0.0)
+        await asyncio.sleep(max(0.0, start + 0.5 - time.monotonic()))
+        task.cancel()
+    return asked
+
+
+async def test_a_round_asked_for_comes_before_the_interval() -> None:
+    asked = await _rounds(failing=False, asks=[0.2])
+    assert len(asked) == 2
+    assert 0.2 <= asked[1] < 0.3
+
+
+async def test_rounds_asked_for_are_never_closer_than_the_soonest_gap() -> None:
+    asked = await _rounds(failing=False, asks=[0.0, 0.01, 0.02, 0.3])
+    assert len(asked) == 3  # the first round, one for the three asks just after it, one for the ask at 0.3 s
+    assert asked[1] - asked[0] >= SOONEST_SECONDS * 0.99
+    assert asked[2] >= 0.3
+
+
+async def test_a_failing_engine_keeps_its_backoff() -> None:
+    asked = await _rounds(failing=True, asks=[0.1, 0.2, 0.3])
+    assert len(asked) == 1
