@@ -58,14 +58,12 @@ can hold what every in-flight request will hold over the new request's lifetime,
   are certain to end, their progress counted from that scrape's step count. A scrape's gauges and its step
   count describe one engine step (``AsyncLLM``'s output handler passes ``scheduler_stats`` and
   ``iteration_stats`` to ``PrometheusStatLogger.record`` together, ``vllm/v1/engine/async_llm.py``), taken
-  after the scrape was asked for, so the count bounds the start from above. Counting progress from the
-  admission instead took a request staged in vLLM's queue to have run while it waited: vLLM preempted once
-  through the sidecar in about one mid-size spike in three (fresh-clone CI runs at ``a63a275`` and
-  ``e551477``). Waiting for :data:`TRANSIT_SECONDS` after every admission instead (until 2026-12-02) made
-  the start known up to half a second late, a hundred steps and more of a fast engine, and a long request
-  started that much later behind another. With data-parallel engines (their counts summed) each engine's
-  queue is first come, first served but the sidecar does not know which engine took which request, so the
-  reading is approximate there.
+  after the scrape was asked for, so the count bounds the start from above. A request whose answer ended
+  after the scrape was asked for may still be in its counts and gauge, so it is read as in flight for that
+  scrape (read as gone, it made the counts look like someone else's, and the next start was read ~100 steps
+  late). Counting progress from the admission instead let vLLM preempt through the sidecar (a request staged
+  in vLLM's queue looked as if it ran). With data-parallel engines (their counts summed) each engine's queue
+  is first come, first served but which engine took which request is unknown: the reading is approximate.
 * **Shared prefixes.** With prefix caching on (``cache_config_info``'s ``enable_prefix_caching``),
   a full prompt block whose tokens (and all before it) equal a block already held by a running
   request is shared, not allocated again (``BlockPool.get_cached_block``, ``ref_cnt`` incremented
@@ -84,8 +82,7 @@ can hold what every in-flight request will hold over the new request's lifetime,
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout
@@ -100,6 +97,8 @@ on a busy host, while the step counter runs on for others: a request is taken to
 TRANSIT_SECONDS = 0.25
 """The most a request may take from its admission to vLLM's scheduler: two admitted closer than this may
 arrive in either order, and with others on the engine a scrape asked sooner may not show it yet."""
+ENDED_SECONDS = 5.0
+"""Holdings that ended this recently are kept for reading scrapes asked for before they ended."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
 
@@ -107,17 +106,6 @@ MAX_RELEASE_POINTS = 32
 def blocks_for(tokens: int, block_size: int) -> int:
     """Blocks a sequence of ``tokens`` tokens holds."""
     return max(0, math.ceil(tokens / block_size))
-
-
-def prefix_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
-    """Chained hashes of the prompt blocks vLLM's prefix cache can share: ``floor((n - 1) / block_size)``."""
-    shareable = max(0, (len(token_ids) - 1) // block_size)
-    hashes: list[int] = []
-    parent = 0
-    for index in range(shareable):
-        parent = hash((parent, tuple(token_ids[index * block_size : (index + 1) * block_size])))
-        hashes.append(parent)
-    return tuple(hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +232,9 @@ class CapacityLedger:
     shared: Counter[int] = field(default_factory=Counter)
     unexplained: int = 0
     _next_id: int = 0
+    ended: deque[tuple[float, Holding]] = field(
+        default_factory=deque
+    )  # (when, holding), the last few seconds
 
     def add(self, demand: Demand, steps: Steps, now: float = 0.0) -> int:
         """Hold ``demand`` from ``now``; returns the holding's id."""
@@ -252,12 +243,15 @@ class CapacityLedger:
         self.shared.update(demand.all_hashes)
         return self._next_id
 
-    def remove(self, holding_id: int) -> Holding | None:
-        """The request ended: drop its holding."""
+    def remove(self, holding_id: int, now: float = -math.inf) -> Holding | None:
+        """The request ended at ``now``: drop its holding."""
         holding = self.holdings.pop(holding_id, None)
         if holding is not None:
             self.shared.subtract(holding.demand.all_hashes)
             self.shared = +self.shared
+            self.ended.append((now, holding))
+        while self.ended and self.ended[0][0] < now - ENDED_SECONDS:
+            self.ended.popleft()
         return holding
 
     def _private(self, holding: Holding, steps: Steps, horizon: float, pool: PoolView) -> int:
@@ -347,7 +341,9 @@ class CapacityLedger:
         self, step_count: float, sampled_at: float, *, waiting: float | None, running: float | None
     ) -> None:
         """Give the holdings the scrape shows running its step count (the theory of operation says which)."""
-        ordered = list(self.holdings.values())  # oldest first
+        ordered = sorted(
+            [*self._ended_since(sampled_at), *self.holdings.values()], key=lambda h: h.admitted_at
+        )
         counted = (running or 0) + (waiting or 0)
         others = counted > sum(h.demand.sequences for h in ordered) or self.unexplained > 0
         seen = sampled_at - (TRANSIT_SECONDS if others else 0.0)
@@ -389,12 +385,12 @@ class CapacityLedger:
         if step_count is not None:
             self._mark_running(step_count, sampled_at, waiting=waiting, running=running)
         if used_blocks is not None:
-            explained = self.projected(steps, 0, pool)
+            ended = sum(
+                h.demand.private_blocks(0, 0, pool) + len(h.demand.all_hashes)
+                for h in self._ended_since(sampled_at)
+            )
+            explained = self.projected(steps, 0, pool) + ended
             self.unexplained = max(0, math.ceil(used_blocks - explained - 1e-9))
 
-
-def prompt_hashes(prompt_ids: Iterable[Sequence[int]] | None, pool: PoolView) -> tuple[tuple[int, ...], ...]:
-    """Each prompt's shareable block hashes: only with exact token ids and prefix caching on."""
-    if prompt_ids is None or not pool.shares_prefixes:
-        return ()
-    return tuple(prefix_hashes(ids, pool.block_size) for ids in prompt_ids)
+    def _ended_since(self, sampled_at: float) -> list[Holding]:
+        return [holding for at, holding in self.ended if at >= sampled_at]

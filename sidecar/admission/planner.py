@@ -14,10 +14,11 @@ import math
 from collections.abc import Callable, Iterable
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import TRANSIT_SECONDS, CapacityLedger, Demand, PoolView, prompt_hashes
+from sidecar.admission.capacity import TRANSIT_SECONDS, CapacityLedger, Demand, PoolView
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.prefix_cache import prompt_hashes
 from sidecar.admission.rates import ReleaseRate, StepClock
 from sidecar.admission.retry import capacity_wait_estimate
 
@@ -215,7 +216,7 @@ class CapacityPlanner:
     ) -> None:
         """A request ended: its sequences and blocks freed; its answer length learned, its release rated."""
         self.inflight_sequences -= sequences
-        held = self.ledger.remove(holding) if holding is not None else None
+        held = self.ledger.remove(holding, now) if holding is not None else None
         if completion_tokens is not None and completed:
             self.outputs.record(key[0], key[1], math.ceil(completion_tokens / max(1, sequences)))
         pool = self.pool()

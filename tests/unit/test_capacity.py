@@ -12,9 +12,8 @@ from sidecar.admission.capacity import (
     PoolView,
     Steps,
     blocks_for,
-    prefix_hashes,
-    prompt_hashes,
 )
+from sidecar.admission.prefix_cache import prefix_hashes, prompt_hashes
 
 POOL = PoolView(blocks=15, block_size=128)  # the real CPU engine: 16 blocks, one of them the null block
 UNKNOWN = Steps()
@@ -282,3 +281,25 @@ def test_steps_until_fit_is_when_a_waiting_request_would_fit() -> None:
     assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), headroom=1) == 193  # 243
     # 8 + 8 > 15 while the first is held: only its release lets this one in
     assert ledger.steps_until_fit(demand(900, 124), POOL, Steps(low=50, high=50)) is None
+
+
+def test_a_request_that_ended_after_the_scrape_was_asked_is_read_as_in_flight_for_it() -> None:
+    """Its answer ended while the page was on its way: it is in the page's counts and gauge, not someone else.
+
+    Read as gone, its place in the running count looked like a client bypassing the sidecar, so the two
+    requests after it were not taken as running, and their start was read ~100 steps late.
+    """
+    ledger = CapacityLedger()
+    ids = [ledger.add(demand(400, 300), Steps(low=0, high=0), now=t) for t in (0.0, 0.9, 0.95)]
+    ledger.remove(ids[0], now=1.05)  # ended after the scrape below was asked for, before it was read
+    used = 6 + 4 + 4  # its peak blocks and the two newest ones' prompts
+    ledger.observe_scrape(
+        used, Steps(1000, 1000), POOL, waiting=0, running=3, step_count=1000, sampled_at=1.0
+    )
+    assert [h.started_high for h in ledger.holdings.values()] == [1000, 1000]
+    assert ledger.unexplained == 0
+    later = CapacityLedger()
+    ids = [later.add(demand(400, 300), Steps(low=0, high=0), now=t) for t in (0.0, 0.9, 0.95)]
+    later.remove(ids[0], now=0.9)  # ended before the scrape was asked for: not in its counts
+    later.observe_scrape(8, Steps(1000, 1000), POOL, waiting=0, running=3, step_count=1000, sampled_at=1.0)
+    assert [h.started_high for h in later.holdings.values()] == [None, None]  # 3 > 2: someone else is there
