@@ -137,36 +137,46 @@ class CapacityPlanner:
         return sum(facts.prompts) + expected * facts.sequences
 
     def scrape_wanted(self, now: float, heads: Iterable[tuple[RequestFacts, Hashes, bool]]) -> float | None:
-        """Seconds until a scrape would tell waiting requests something, or ``None`` (the interval will do).
+        """Seconds until a scrape would tell a request waiting for blocks something, or ``None``.
 
         A waiting request starts when the ledger *knows* enough (see :mod:`sidecar.admission.capacity`):
         that a holding runs, which only a scrape after its admission shows, and how far the holdings whose
-        end is certain have come, which only the step count of a later scrape shows. So while requests
-        wait (``heads``: each lane's next, with whether it leaves short requests room), a scrape is
-        wanted :data:`ENTRY_SECONDS` after each admission no scrape has shown yet (for
-        :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`), and when the engine, at its recent step
-        rate, will have run the steps after which a head fits (:meth:`CapacityLedger.steps_until_fit`).
-        Between scrapes at the interval, each of these waited half an interval on average: on the
-        long-prompt spike, ~70 engine steps per long request, 1.2x straight's time all told.
+        end is certain have come, which only the step count of a later scrape shows. So while a head
+        (``heads``: each lane's next, with whether it leaves short requests room) waits for blocks, a
+        scrape is wanted :data:`ENTRY_SECONDS` after each admission of a request certain to end that no
+        scrape has shown yet (for :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`), and when the
+        engine, at its recent step rate, will have run the steps after which a head fits
+        (:meth:`CapacityLedger.steps_until_fit`). Between scrapes at the interval each waited half an
+        interval on average: on the long-prompt spike ~70 engine steps per long request, 1.2x straight's
+        time all told. Heads waiting for a sequence slot ask for nothing: a page costs vLLM's API process
+        ~10 ms, and asked after every admission under sustained overload they slowed the engine itself.
         """
-        wanted = [
+        pool, rate, steps = self.pool(), self.steps.recent_rate, self.steps.bounds(now)
+        if pool is None:
+            return None
+        wanted: list[float] = []
+        for facts, hashes, leave_short_room in heads:
+            demand = self.demand(facts, hashes)
+            room = self._short_room(now, leave_short_room=leave_short_room)
+            if demand is None or self.ledger.fits(
+                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS
+            ):
+                continue
+            wanted.append(math.inf)
+            ahead = self.ledger.steps_until_fit(demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS)
+            if ahead and rate > 0:
+                wanted.append(ahead / rate)
+        if not wanted:
+            return None
+        wanted += [
             max(0.0, held.admitted_at + ENTRY_SECONDS - now)
             for held in self.ledger.holdings.values()
-            if held.started_high is None and now - held.admitted_at < TRANSIT_SECONDS
+            if held.started_high is None
+            and now - held.admitted_at < TRANSIT_SECONDS
+            and held.demand.expected_output >= held.demand.output_bound
         ]
-        pool, rate, steps = self.pool(), self.steps.recent_rate, self.steps.bounds(now)
-        if pool is not None and rate > 0:
-            for facts, hashes, leave_short_room in heads:
-                demand = self.demand(facts, hashes)
-                if demand is None:
-                    continue
-                ahead = self.ledger.steps_until_fit(
-                    demand, pool, steps, headroom=self._short_room(now, leave_short_room=leave_short_room),
-                    full_for=SHORT_WAIT_STEPS,
-                )  # fmt: skip
-                if ahead:
-                    wanted.append(ahead / rate)
-        return min(wanted, default=None)
+        soonest = min(wanted)
+        return None if math.isinf(soonest) else soonest
 
     # -- the engine's sequence limit ---------------------------------------------------------------
 

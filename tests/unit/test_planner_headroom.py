@@ -44,13 +44,16 @@ def test_a_request_asked_again_is_planned_with_what_was_learned_in_between() -> 
 def test_a_scrape_is_wanted_soon_after_an_admission_no_scrape_has_shown() -> None:
     """Progress counts from the first scrape that shows a request running: the sooner, the less it lags."""
     planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
-    assert planner.scrape_wanted(10.0, []) is None  # nothing in flight
+    head = (facts(600, 400), (), False)  # 5 blocks now, 8 at its peak: waits for the first to progress
+    assert planner.scrape_wanted(10.0, [head]) is None  # nothing in flight: it fits
     planner.hold(facts(600, 400), (), 10.0, in_ledger=True)
-    assert planner.scrape_wanted(10.0, []) == pytest.approx(ENTRY_SECONDS)
-    assert planner.scrape_wanted(10.1, []) == 0.0  # overdue: now
-    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, []) is None  # too old to be on its way: the interval
+    assert planner.scrape_wanted(10.0, [head]) == pytest.approx(ENTRY_SECONDS)
+    assert planner.scrape_wanted(10.1, [head]) == 0.0  # overdue: now
+    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, [head]) is None  # too old to be on its way
+    assert planner.scrape_wanted(10.0, [(facts(24, 16), (), False)]) is None  # a head that fits asks nothing
+    assert planner.scrape_wanted(10.0, []) is None  # nobody waits for blocks
     planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
-    assert planner.scrape_wanted(10.06, []) is None  # shown running
+    assert planner.scrape_wanted(10.06, [head]) is None  # shown running; no step rate known yet
 
 
 def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_request_needs() -> None:
