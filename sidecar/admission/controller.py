@@ -139,14 +139,12 @@ class AdmissionController:
         """Admitted requests whose responses have not ended."""
         return sum(self.inflight.values())
 
-    # -- planning ----------------------------------------------------------------------------------
-
     def _view(
         self, waiter: Waiter, policy: AdmissionMode, now: float, *, as_head: bool = False
     ) -> AdmissionView:
-        queue = self.queues[waiter.lane]
+        queue, capacity = self.queues[waiter.lane], policy is AdmissionMode.CAPACITY
         leave_short_room = waiter.lane is Lane.LONG and not self._long_head_has_waited(now)
-        fits = policy is not AdmissionMode.CAPACITY or self.planner.fits(
+        fits = not capacity or self.planner.fits(
             waiter.facts, waiter.hashes, now, leave_short_room=leave_short_room
         )
         pool = self._pool()
@@ -166,15 +164,11 @@ class AdmissionController:
             sequence_room=self.planner.sequence_room(
                 waiter.facts.sequences, waiter.lane, shorts_waiting=len(self.queues[Lane.SHORT]) > 0
             ),
-            yield_to_long=(
-                not as_head
-                and waiter.lane is Lane.SHORT
-                and policy is AdmissionMode.CAPACITY
-                and self._long_head_has_waited(now)
-            ),
+            yield_to_long=not as_head
+            and waiter.lane is Lane.SHORT
+            and capacity
+            and self._long_head_has_waited(now),
         )
-
-    # -- waits: Retry-After and shedding (sidecar.admission.waits) ----
 
     def retry_after(
         self, reason: Reason, lane: Lane, position: int | None = None, own_blocks: int = 0
@@ -321,7 +315,12 @@ class AdmissionController:
         heads = [self._dispatch_lane(lanes[0])]
         if heads[0] is None or not waited:  # a long head that waited its turn holds shorts back
             heads.append(self._dispatch_lane(lanes[1]))
-        blocked = [(w.facts, w.hashes, w.lane is Lane.LONG and not waited) for w in heads if w is not None]
+        shorts = len(self.queues[Lane.SHORT]) > 0  # a head without a sequence slot waits for a release
+        blocked = [
+            (w.facts, w.hashes, w.lane is Lane.LONG and not waited)
+            for w in heads
+            if w is not None and self.planner.sequence_room(w.facts.sequences, w.lane, shorts_waiting=shorts)
+        ]
         if capacity and blocked and (delay := self.planner.scrape_wanted(self.now(), blocked)) is not None:
             self._scrape_soon(delay)
 
