@@ -7,8 +7,12 @@ a client can trust"). :meth:`WaitAdvisor.retry_after` answers, in order:
 
 * ``kv-pressure``: the time for the live gauge to fall from its last value to the release threshold at
   the observed fall rate, at least one pressure window (``retry.pressure_wait_estimate``);
-* under ``capacity`` with a known pool: the blocks queued ahead of the request plus its own, beyond what
-  is free, divided by the observed block release rate (:meth:`CapacityPlanner.retry_estimate`);
+* ``queue-full`` and ``queue-timeout`` under ``capacity``: the wait behind the requests that would go
+  before it in the urgency order on its return, as a fresh request of its size (its place in arrival
+  order says little there): the larger of their blocks plus its own beyond what is free over the block
+  release rate, and their count over the request release rate (:meth:`CapacityPlanner.queue_wait`);
+* other reasons under ``capacity`` with a known pool: the blocks queued ahead of the request plus its own,
+  beyond what is free, divided by the observed block release rate (:meth:`CapacityPlanner.retry_estimate`);
 * otherwise: the requests ahead over the lane's concurrency times its observed service time
   (:func:`~sidecar.admission.retry.queue_wait_estimate`).
 
@@ -24,9 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sidecar.admission.body import RequestFacts
 from sidecar.admission.decide import AdmissionMode
 from sidecar.admission.order import urgency
 from sidecar.admission.outcomes import Lane, Reason, RefusedError
+from sidecar.admission.planner import Hashes
 from sidecar.admission.retry import (
     clamp_retry_after,
     pressure_wait_estimate,
@@ -77,8 +83,21 @@ class WaitAdvisor:
         return clamp_retry_after(queue_wait_estimate(ahead, concurrency, c.stats[lane], 2 * settings.window))
 
     def retry_for(self, reason: Reason, waiter: Waiter, position: int | None = None) -> int | None:
-        """The ``Retry-After`` for ``waiter`` refused or dropped for ``reason`` (``None``: not retryable)."""
+        """The ``Retry-After`` for ``waiter`` refused or dropped for ``reason`` (``None``: not retryable).
+
+        Under ``capacity`` a ``queue-full`` or ``queue-timeout`` is told the wait behind the requests that
+        would go before it in the urgency order on its return, as a fresh request of its size: its place in
+        arrival order says little there (a mid-size request dropped at the head of that order, behind
+        shorter ones that kept coming, was told 1 s and waited 18-28 s on its retry).
+        """
         c = self._controller
+        if reason in {Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT} and c.policy() is AdmissionMode.CAPACITY:
+            now = c.now()
+            estimate = c.planner.queue_wait(
+                self._ahead(waiter, now, fresh=True), (waiter.facts, waiter.hashes), now
+            )
+            if estimate is not None:
+                return clamp_retry_after(estimate)
         if reason in {Reason.KV_PRESSURE, Reason.QUEUE_FULL, Reason.QUEUE_TIMEOUT}:
             own = c.planner.added_blocks(waiter.facts, waiter.hashes)
             return self.retry_after(reason, waiter.lane, position, own)
@@ -90,6 +109,18 @@ class WaitAdvisor:
         """The waiter's place in the urgency order (lower goes first): see :mod:`sidecar.admission.order`."""
         return urgency(self._controller.planner.expected_tokens(waiter.facts), now - waiter.enqueued_at)
 
+    def _ahead(self, waiter: Waiter, now: float, *, fresh: bool = False) -> list[tuple[RequestFacts, Hashes]]:
+        """The waiting requests that go before ``waiter`` (``fresh``: as if it had just come)."""
+        c = self._controller
+        key = urgency(c.planner.expected_tokens(waiter.facts), 0.0 if fresh else now - waiter.enqueued_at)
+        lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
+        return [
+            (e.payload.facts, e.payload.hashes)
+            for lane in lanes
+            for e in c.queues[lane].peek_many(len(c.queues[lane]))
+            if e.payload is not waiter and self._urgency(e.payload, now) <= key
+        ]
+
     def _oldest_wait(self, now: float) -> float:
         heads = [q.peek() for q in self._controller.queues.values()]
         return max((now - e.payload.enqueued_at for e in heads if e is not None), default=0.0)
@@ -100,15 +131,7 @@ class WaitAdvisor:
         now = c.now()
         if not c.planner.known() or self._oldest_wait(now) < wait_limit / 2:
             return None
-        mine = self._urgency(waiter, now)
-        lanes = (Lane.SHORT, Lane.LONG) if waiter.lane is Lane.LONG else (Lane.SHORT,)
-        ahead = [
-            (e.payload.facts, e.payload.hashes)
-            for lane in lanes
-            for e in c.queues[lane].peek_many(len(c.queues[lane]))
-            if self._urgency(e.payload, now) <= mine
-        ]
-        estimate = c.planner.queue_wait(ahead, (waiter.facts, waiter.hashes), now)
+        estimate = c.planner.queue_wait(self._ahead(waiter, now), (waiter.facts, waiter.hashes), now)
         if estimate is None or estimate <= wait_limit:
             return None
         return RefusedError(

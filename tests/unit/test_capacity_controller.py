@@ -12,7 +12,7 @@ from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings, Ticket
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
-from sidecar.admission.outcomes import Lane, Reason, RefusedError
+from sidecar.admission.outcomes import DroppedError, Lane, Reason, RefusedError
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, StaleMode, Staleness
 from sidecar.server.metrics import AdmissionMetrics
@@ -253,3 +253,33 @@ async def test_a_request_waiting_for_a_sequence_slot_asks_for_no_scrape() -> Non
     assert asked
     controller.release(held[0])
     controller.release(await asyncio.wait_for(third, 1.0))
+
+
+async def test_a_dropped_request_is_told_the_wait_behind_what_will_go_before_it() -> None:
+    """Under overload a mid-size request sits at the head of the arrival order while shorter ones overtake it.
+
+    Its queue-timeout Retry-After counted only the requests ahead in arrival order (none): 1 s, where its retry
+    then waited 18-28 s. Returning as a fresh request of its size, it goes behind every short one waiting.
+    """
+    clock = Clock()
+    controller = make(clock)
+    controller.planner._max_num_seqs = lambda: 1  # noqa: SLF001 - two in flight at most, one of them staged
+    for _ in range(5):  # requests end at 2 a second: 2 blocks/s released, 2 requests/s
+        ticket = await admit(controller, SHORT)
+        clock.now += 0.5
+        controller.release(ticket)
+    held = [await admit(controller, LONG), await admit(controller, SHORT)]  # the engine's slots are taken
+    mid = asyncio.create_task(admit(controller, req(300, 200, ignore_eos=True), wait=0.05))
+    await asyncio.sleep(0)
+    shorts = [asyncio.create_task(admit(controller, SHORT, wait=60)) for _ in range(10)]
+    with pytest.raises(DroppedError) as info:
+        await mid
+    assert info.value.reason is Reason.QUEUE_TIMEOUT
+    # ten short requests go first: 10 requests at 2/s = 5 s (their blocks: 10 + 4 own - 6 free at 2/s = 4 s)
+    assert info.value.retry_after == 5
+    controller.start_drain()
+    for task in shorts:
+        with pytest.raises(DroppedError):
+            await task
+    for ticket in held:
+        controller.release(ticket)
