@@ -232,9 +232,7 @@ class CapacityLedger:
     shared: Counter[int] = field(default_factory=Counter)
     unexplained: int = 0
     _next_id: int = 0
-    ended: deque[tuple[float, Holding]] = field(
-        default_factory=deque
-    )  # (when, holding), the last few seconds
+    ended: deque[tuple[float, Holding]] = field(default_factory=deque)  # (when, holding): the last seconds
 
     def add(self, demand: Demand, steps: Steps, now: float = 0.0) -> int:
         """Hold ``demand`` from ``now``; returns the holding's id."""
@@ -386,7 +384,7 @@ class CapacityLedger:
             self._mark_running(step_count, sampled_at, waiting=waiting, running=running)
         if used_blocks is not None:
             ended = sum(
-                h.demand.private_blocks(0, 0, pool) + len(h.demand.all_hashes)
+                self._private(h, steps, 0, pool) + len(h.demand.all_hashes)
                 for h in self._ended_since(sampled_at)
             )
             explained = self.projected(steps, 0, pool) + ended

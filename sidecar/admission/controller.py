@@ -164,10 +164,9 @@ class AdmissionController:
             sequence_room=self.planner.sequence_room(
                 waiter.facts.sequences, waiter.lane, shorts_waiting=len(self.queues[Lane.SHORT]) > 0
             ),
-            yield_to_long=not as_head
-            and waiter.lane is Lane.SHORT
-            and capacity
-            and self._long_head_has_waited(now),
+            yield_to_long=(
+                not as_head and waiter.lane is Lane.SHORT and capacity and self._long_head_has_waited(now)
+            ),
         )
 
     def retry_after(

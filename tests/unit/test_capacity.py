@@ -290,9 +290,12 @@ def test_a_request_that_ended_after_the_scrape_was_asked_is_read_as_in_flight_fo
     requests after it were not taken as running, and their start was read ~100 steps late.
     """
     ledger = CapacityLedger()
-    ids = [ledger.add(demand(400, 300), Steps(low=0, high=0), now=t) for t in (0.0, 0.9, 0.95)]
+    ids = [
+        ledger.add(demand(400, 300), Steps(low=at, high=at), now=t)
+        for t, at in ((0.0, 0), (0.9, 1000), (0.95, 1000))
+    ]
     ledger.remove(ids[0], now=1.05)  # ended after the scrape below was asked for, before it was read
-    used = 6 + 4 + 4  # its peak blocks and the two newest ones' prompts
+    used = 6 + 4 + 4  # its 400 + 300 tokens and the two newest ones' prompts
     ledger.observe_scrape(
         used, Steps(1000, 1000), POOL, waiting=0, running=3, step_count=1000, sampled_at=1.0
     )
