@@ -154,7 +154,7 @@ class CapacityPlanner:
         pool, rate, steps = self.pool(), self.steps.recent_rate, self.steps.bounds(now)
         if pool is None:
             return None
-        wanted: list[float] = []
+        blocked, wanted = False, list[float]()
         for facts, hashes, leave_short_room in heads:
             demand = self.demand(facts, hashes)
             room = self._short_room(now, leave_short_room=leave_short_room)
@@ -162,11 +162,11 @@ class CapacityPlanner:
                 demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS
             ):
                 continue
-            wanted.append(math.inf)
+            blocked = True
             ahead = self.ledger.steps_until_fit(demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS)
             if ahead and rate > 0:
                 wanted.append(ahead / rate)
-        if not wanted:
+        if not blocked:
             return None
         wanted += [
             max(0.0, held.admitted_at + ENTRY_SECONDS - now)
@@ -175,8 +175,7 @@ class CapacityPlanner:
             and now - held.admitted_at < TRANSIT_SECONDS
             and held.demand.expected_output >= held.demand.output_bound
         ]
-        soonest = min(wanted)
-        return None if math.isinf(soonest) else soonest
+        return min(wanted, default=None)
 
     # -- the engine's sequence limit ---------------------------------------------------------------
 
