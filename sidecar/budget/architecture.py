@@ -9,6 +9,15 @@ Field fallbacks follow vLLM: KV heads are the first present of ``n_head_kv``, ``
 ``num_key_value_heads`` and ``multi_query_group_num``, else the attention heads; the head size is
 ``head_dim``, else ``hidden_size_per_head``, else ``hidden_size // num_attention_heads``.
 Multimodal configs keep the language model under ``text_config``.
+
+Llama 4 (``llama4_text``): layer ``i`` uses RoPE unless ``no_rope_layers[i]`` is 0, and when that list is
+empty or absent every fourth layer is NoPE (``Llama4TextConfig.__post_init__``,
+``transformers/models/llama4/configuration_llama4.py``, 5.19). vLLM 0.32.0 gives the RoPE layers chunked
+local attention over ``attention_chunk_size`` tokens (default 8192) and the NoPE layers full attention
+(``Llama4Attention.__init__``, ``vllm/model_executor/models/llama4.py``: ``ChunkedLocalAttention`` when
+``not self.nope and config.attention_chunk_size``), hence :attr:`LayerKind.CHUNKED`. Its QK norm is
+``Llama4TextL2Norm`` (``modeling_llama4.py``; vLLM: ``RMSNorm(..., has_weight=False)``), which has no weight,
+so ``qk_norm`` stays off for the parameter count. Its MoE layers: :mod:`sidecar.budget.moe`.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from typing import Any
 
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
+from sidecar.budget.moe import LLAMA4_TYPES, MoeSpec, moe_from_config
+from sidecar.budget.quantization import checkpoint_quantization
+from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import measured_parameter_count
 from sidecar.budget.vision import vision_parameters
 from sidecar.errors import ConfigError
@@ -35,13 +47,16 @@ _PLAIN_MLP_TYPES = frozenset(
     {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi"}
 )
 _DEFAULT_GEMMA3_PATTERN = 6
+_LLAMA4_NO_ROPE_INTERVAL = 4  # Llama4TextConfig.no_rope_layer_interval's default
+_LLAMA4_CHUNK_DEFAULT = 8192  # Llama4TextConfig.attention_chunk_size's default
 
 
 class LayerKind(StrEnum):
-    """How one decoder layer holds KV: all tokens, a sliding window of them, or none."""
+    """How one decoder layer holds KV: all tokens, a sliding window of them, the current chunk, or none."""
 
     FULL = "full"
     SLIDING = "sliding"
+    CHUNKED = "chunked"  # Llama 4's chunked local attention (vLLM's ChunkedLocalAttentionSpec)
     NONE = "none"
 
 
@@ -62,18 +77,6 @@ class MlaSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class MoeSpec:
-    """Mixture-of-experts feed-forward layers."""
-
-    num_experts: int
-    experts_per_token: int
-    expert_intermediate_size: int
-    shared_experts: int = 0
-    shared_intermediate_size: int = 0
-    dense_layers: int = 0  # leading layers with an ordinary MLP (DeepSeek's first_k_dense_replace)
-
-
-@dataclass(frozen=True, slots=True)
 class Architecture:
     """The parts of a model's configuration that decide its memory footprint."""
 
@@ -89,6 +92,7 @@ class Architecture:
     dtype: str
     layer_kinds: tuple[LayerKind, ...]
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None  # the span of CHUNKED layers
     max_position_embeddings: int | None = None
     attention_bias: bool = False
     qk_norm: bool = False
@@ -98,6 +102,7 @@ class Architecture:
     parameter_count: int | None = None
     parameter_source: str = "computed from config.json"
     derived_max_model_len: int | None = None  # the longest --max-model-len vLLM accepts
+    rope_cache_elements: int = 0  # vLLM's cos/sin tables on each GPU (sidecar.budget.rope)
     vision_parameters: int | None = 0  # the vision tower and projector (None: a tower not modelled)
     gated_mlp: bool = True  # gate, up and down projections (False: fc1 and fc2, as Falcon and GPT-2)
     norm_bias: bool = False  # LayerNorms with a bias (Falcon) rather than RMSNorms
@@ -144,13 +149,34 @@ def _required_int(cfg: Mapping[str, Any], *keys: str) -> int:
     return value
 
 
+def _attention_chunk_size(cfg: Mapping[str, Any], model_type: str) -> int | None:
+    """Llama 4's ``attention_chunk_size`` (transformers' default when absent; ``null`` turns it off)."""
+    if model_type not in LLAMA4_TYPES:
+        return None
+    return _first_int(cfg, "attention_chunk_size") if "attention_chunk_size" in cfg else _LLAMA4_CHUNK_DEFAULT
+
+
+def _llama4_layer_kinds(cfg: Mapping[str, Any], num_layers: int, chunk: int | None) -> tuple[LayerKind, ...]:
+    """RoPE layers attend within their chunk, NoPE layers to every token (see the module docstring)."""
+    rope = cfg.get("no_rope_layers")
+    if not (isinstance(rope, list) and len(rope) == num_layers):  # transformers: [] or absent -> the default
+        rope = [(i + 1) % _LLAMA4_NO_ROPE_INTERVAL != 0 for i in range(num_layers)]
+    return tuple(LayerKind.CHUNKED if chunk and uses_rope else LayerKind.FULL for uses_rope in rope)
+
+
 def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     cfg: Mapping[str, Any], model_type: str, num_layers: int
 ) -> tuple[LayerKind, ...]:
     window = _first_int(cfg, "sliding_window")
+    if model_type in LLAMA4_TYPES:
+        return _llama4_layer_kinds(cfg, num_layers, _attention_chunk_size(cfg, model_type))
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
-        kinds = {"full_attention": LayerKind.FULL, "sliding_attention": LayerKind.SLIDING}
+        kinds = {
+            "full_attention": LayerKind.FULL,
+            "sliding_attention": LayerKind.SLIDING,
+            "chunked_attention": LayerKind.CHUNKED,
+        }
         return tuple(kinds.get(str(t), LayerKind.NONE) for t in layer_types)  # linear attention, mamba
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: only "*" layers attend
@@ -184,57 +210,6 @@ def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
         v_head_dim=_required_int(cfg, "v_head_dim"),
         q_lora_rank=_first_int(cfg, "q_lora_rank"),
     )
-
-
-def _moe(cfg: Mapping[str, Any], intermediate_size: int) -> MoeSpec | None:
-    experts = _first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
-    if not experts or experts <= 1:
-        return None
-    expert_size = _first_int(cfg, "moe_intermediate_size") or intermediate_size
-    shared = _first_int(cfg, "n_shared_experts") or 0
-    shared_size = shared * expert_size
-    if (qwen_shared := _first_int(cfg, "shared_expert_intermediate_size")) is not None:
-        shared, shared_size = 1, qwen_shared
-    return MoeSpec(
-        num_experts=experts,
-        experts_per_token=_first_int(cfg, "num_experts_per_tok", "moe_topk") or 1,
-        expert_intermediate_size=expert_size,
-        shared_experts=shared,
-        shared_intermediate_size=shared_size,
-        dense_layers=_first_int(cfg, "first_k_dense_replace") or 0,
-    )
-
-
-def _quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
-    quant = cfg.get("quantization_config")
-    if not isinstance(quant, Mapping):
-        return None
-    method = str(quant.get("quant_method", "")).lower()
-    bits = quant.get("bits", quant.get("w_bit"))
-    if method in {"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin"}:
-        return "int8" if bits == 8 else "int4"
-    if method in {"fp8", "fbgemm_fp8", "modelopt"}:
-        return "fp8"
-    if method == "bitsandbytes":
-        return "int4" if quant.get("load_in_4bit") else "int8"
-    if method == "mxfp4":  # gpt-oss: MoE experts in MXFP4, the rest in bf16 (modules_to_not_convert)
-        return "mxfp4"
-    if method == "compressed-tensors":
-        return _compressed_tensors(quant)
-    return None
-
-
-def _compressed_tensors(quant: Mapping[str, Any]) -> str | None:
-    """The weights' format of a compressed-tensors checkpoint (its first config group's weights)."""
-    groups = quant.get("config_groups")
-    first: Any = next(iter(groups.values()), None) if isinstance(groups, Mapping) else None
-    weights = first.get("weights") if isinstance(first, Mapping) else None
-    if not isinstance(weights, Mapping):
-        return None
-    bits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
-    if bits == 8:
-        return "fp8" if kind == "float" else "int8"
-    return "int4" if bits == 4 else None
 
 
 _MAX_LEN_KEYS = (
@@ -333,6 +308,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or "bf16")
     )
     tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type.startswith("gemma")))
+    mla = _mla(cfg)
+    max_positions = _first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
+    rotary = mla.qk_rope_head_dim if mla else head_dim
     return Architecture(
         model_type=model_type,
         num_layers=num_layers,
@@ -346,17 +324,21 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         dtype=dtype,
         layer_kinds=_layer_kinds(cfg, model_type, num_layers),
         sliding_window=_first_int(cfg, "sliding_window"),
-        max_position_embeddings=_first_int(cfg, "max_position_embeddings", "n_positions", "seq_length"),
+        attention_chunk_size=_attention_chunk_size(cfg, model_type),
+        max_position_embeddings=max_positions,
         derived_max_model_len=_derived_max_len(cfg, model_type),
+        rope_cache_elements=rope_cache_elements(
+            cfg, model_type, rotary, max_positions, _rope_parameters(cfg)
+        ),
         vision_parameters=vision_parameters(top, hidden),
         gated_mlp=model_type not in _PLAIN_MLP_TYPES,
         norm_bias=falcon,
         norms_per_layer=(2 if new_falcon or not cfg.get("parallel_attn", True) else 1) if falcon else 2,
         attention_bias=bool(cfg.get("attention_bias", model_type in {"qwen2", "qwen2_moe"})),
         qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"},
-        mla=_mla(cfg),
-        moe=_moe(cfg, intermediate),
-        quantization=_quantization(top),
+        mla=mla,
+        moe=moe_from_config(cfg, model_type, intermediate, num_layers),
+        quantization=checkpoint_quantization(top),
     )
 
 

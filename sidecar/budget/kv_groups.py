@@ -9,6 +9,13 @@ pool, so a request holds blocks in every group (vLLM 0.32.0 as installed here:
 agrees: a two-layer model with one full and one sliding layer logs "kv cache group sizes (128, 128)"
 and reports ``kv_cache_max_concurrency`` as its blocks over 12 per full-length request (8 full + 4
 sliding, ``tests/e2e/test_hybrid_layout.py``).
+
+Llama 4's chunked local attention layers form groups of their own beside its full-attention (NoPE) layers:
+``ChunkedLocalAttentionSpec`` (``vllm/v1/kv_cache_interface.py``, 0.32.0) is a spec type apart, so Scout's
+36 chunked and 12 full layers make four groups of 12 (the 0.19.0 log on the calibration table:
+``num_gpu_blocks // 4 x 16`` tokens), and a request holds at most
+``cdiv(min(attention_chunk_size + in_flight, max_model_len), block)`` blocks in a chunked group
+(:func:`chunked_local_blocks`).
 """
 
 from __future__ import annotations
@@ -26,36 +33,40 @@ BALANCED_GROUP_RATIO = 1.5
 layers) is padded to 13 + 13 rather than split into 12 + 24."""
 
 
+_GROUPED = (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED)
+
+
 @dataclass(frozen=True, slots=True)
 class KvGroups:
-    """How many KV cache groups hold full-attention and sliding-window layers."""
+    """How many KV cache groups hold full-attention, sliding-window and chunked local-attention layers."""
 
     full: int
     sliding: int
     layers_per_group: int = 1  # attention layers one block covers (padding included)
+    chunked: int = 0
 
     @property
     def hybrid(self) -> bool:
-        """Whether a request holds blocks in groups of both kinds."""
-        return self.full > 0 and self.sliding > 0
+        """Whether a request holds blocks in groups of more than one kind."""
+        return sum(1 for count in (self.full, self.sliding, self.chunked) if count) > 1
 
 
 def kv_groups(kinds: Sequence[LayerKind]) -> KvGroups:
     """The groups vLLM forms for these layers (one window size; layers without KV are left out).
 
     Layers of one kind form one group when only one kind is present; otherwise each kind is split into
-    groups of the smaller kind's layer count (padding the last), as vLLM does for the ``n:1`` patterns of
+    groups of the smallest kind's layer count (padding the last), as vLLM does for the ``n:1`` patterns of
     every open hybrid model.
     """
-    full = sum(1 for kind in kinds if kind is LayerKind.FULL)
-    sliding = sum(1 for kind in kinds if kind is LayerKind.SLIDING)
-    if not full or not sliding:
-        return KvGroups(
-            full=1 if full else 0, sliding=1 if sliding else 0, layers_per_group=max(1, full + sliding)
-        )
-    small, large = min(full, sliding), max(full, sliding)
+    counts = [sum(1 for kind in kinds if kind is wanted) for wanted in _GROUPED]
+    present = [count for count in counts if count]
+    if len(present) <= 1:
+        full, sliding, chunked = (1 if count else 0 for count in counts)
+        return KvGroups(full, sliding, layers_per_group=max(1, sum(counts)), chunked=chunked)
+    small, large = min(present), max(present)
     size = large if large < small * BALANCED_GROUP_RATIO else small
-    return KvGroups(full=math.ceil(full / size), sliding=math.ceil(sliding / size), layers_per_group=size)
+    full, sliding, chunked = (math.ceil(count / size) for count in counts)
+    return KvGroups(full, sliding, layers_per_group=size, chunked=chunked)
 
 
 def sliding_window_blocks(window: int, in_flight_tokens: int, max_model_len: int, block_size: int) -> int:
@@ -67,3 +78,13 @@ def sliding_window_blocks(window: int, in_flight_tokens: int, max_model_len: int
     request's reservation with the same figure.
     """
     return math.ceil(min(window - 1 + in_flight_tokens, max_model_len) / block_size) + 1
+
+
+def chunked_local_blocks(chunk: int, in_flight_tokens: int, max_model_len: int, block_size: int) -> int:
+    """Blocks one sequence holds at most in a chunked local-attention group.
+
+    ``ChunkedLocalAttentionSpec.max_admission_blocks_per_request`` (``vllm/v1/kv_cache_interface.py``,
+    0.32.0): one chunk plus the tokens in flight, never more than ``max_model_len`` (no extra block: a chunk
+    starts at a multiple of the chunk size). Pool sizing and admission use the same figure.
+    """
+    return math.ceil(min(chunk + in_flight_tokens, max_model_len) / block_size)

@@ -15,7 +15,8 @@ rest into a pool of whole blocks (``block_size`` tokens of every layer). The rel
 says which releases each rule holds for and where it was read. The pool in tokens and the
 "Maximum concurrency for N tokens per request" figure follow from it; a sliding-window layer needs
 at most ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks per
-request. ``--kv-cache-memory-bytes`` and
+request, a chunked local-attention layer (Llama 4) ``cdiv(min(chunk + max_num_batched_tokens,
+max_model_len), block)``. ``--kv-cache-memory-bytes`` and
 ``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM (an overriding block holds
 one KV cache group's layers, half the layers of a model with one full and one sliding group:
 :mod:`sidecar.budget.kv_groups`).
@@ -51,7 +52,7 @@ from sidecar.budget.dtypes import (
     normalise_dtype,
     weight_bytes_per_param,
 )
-from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
+from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
@@ -249,22 +250,34 @@ def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
     return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
 
 
-def _tokens_held(kind: LayerKind, window: int | None, length: int) -> int:
+def _kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
+    """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
+    arch = request.architecture
+    if arch.attention_chunk_size and request.release.groups_chunked_local_attention():
+        return arch.layer_kinds
+    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds)
+
+
+def _tokens_held(kind: LayerKind, arch: Architecture, length: int) -> int:
     if kind is LayerKind.NONE:
         return 0
-    if kind is LayerKind.SLIDING and window:
-        return min(window, length)
+    if kind is LayerKind.SLIDING and arch.sliding_window:
+        return min(arch.sliding_window, length)
+    if kind is LayerKind.CHUNKED and arch.attention_chunk_size:
+        return min(arch.attention_chunk_size, length)
     return length
 
 
 def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> int:
     block = request.block_size
     full_blocks = math.ceil(length / block)
-    window = request.architecture.sliding_window
+    window, chunk = request.architecture.sliding_window, request.architecture.attention_chunk_size
     if kind is LayerKind.NONE:
         return 0
     if kind is LayerKind.SLIDING and window:
         return min(full_blocks, sliding_window_blocks(window, request.in_flight_tokens, length, block))
+    if kind is LayerKind.CHUNKED and chunk:
+        return min(full_blocks, chunked_local_blocks(chunk, request.in_flight_tokens, length, block))
     return full_blocks
 
 
@@ -273,9 +286,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
     arch = request.architecture
     length = request.effective_max_model_len
     per_layer = _layer_kv_bytes_per_token(request)
-    kinds = arch.layer_kinds
+    kinds = _kv_layer_kinds(request)
     per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
-    per_sequence = sum(per_layer * _tokens_held(kind, arch.sliding_window, length) for kind in kinds)
+    per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds)
     params = parameter_count(arch)
     weights = paper_weights_per_gpu(request, params)
     activation = estimate_activation_bytes(request)
@@ -302,8 +315,13 @@ def build_ledger(request: PlanRequest) -> Ledger:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)
     pool = max(0, requested - sum(profile.values())) if pool_override is None else pool_override
     num_blocks = int(pool // block_bytes) if block_bytes else 0
-    request_blocks = groups.full * _blocks_per_request(request, LayerKind.FULL, length) + (
-        groups.sliding * _blocks_per_request(request, LayerKind.SLIDING, length)
+    request_blocks = sum(
+        count * _blocks_per_request(request, kind, length)
+        for kind, count in (
+            (LayerKind.FULL, groups.full),
+            (LayerKind.SLIDING, groups.sliding),
+            (LayerKind.CHUNKED, groups.chunked),
+        )
     )
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
@@ -320,7 +338,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
         total = weights + round(kv_total) + activation + request.overhead_bytes
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
-    if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding > 0):
+    if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding + groups.chunked > 0):
         pool_tokens = int(exact_concurrency * length)
     else:
         pool_tokens = num_blocks * request.block_size

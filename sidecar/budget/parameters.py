@@ -3,8 +3,10 @@
 Used when a model directory has no weight files (a catalog entry, or a bare ``config.json``).
 It counts the tensors a Llama-style decoder has: embeddings (and an untied LM head), per layer
 the attention projections (with biases where the family has them, QK norms, or MLA's low-rank
-projections), a gated MLP (or Falcon's and GPT-2's two matrices) or the MoE experts, the router and
-shared experts, the norms, and the vision tower where :mod:`sidecar.budget.vision` models it. Tests
+projections), a gated MLP (or Falcon's and GPT-2's two matrices) or, in the layers
+:mod:`sidecar.budget.moe` makes MoE layers, the experts, the router and shared experts, the norms, and the
+vision tower where :mod:`sidecar.budget.vision` models it. Llama 4's QK norm (``Llama4TextL2Norm``) has no
+weight and adds nothing. Tests
 compare the result with the published counts of every catalog model (within 1%) and with the models
 transformers builds from every corpus config.
 """
@@ -46,9 +48,9 @@ def _mla_parameters(arch: Architecture, mla: MlaSpec) -> int:
 def _mlp_parameters(arch: Architecture, layer: int) -> int:
     hidden = arch.hidden_size
     moe = arch.moe
-    if moe is None or layer < moe.dense_layers:
+    if moe is None or not moe.is_moe_layer(layer):
         matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2
-        return matrices * hidden * arch.intermediate_size
+        return matrices * hidden * dense_mlp_width(arch)
     experts = moe.num_experts * _GATED_MLP_MATRICES * hidden * moe.expert_intermediate_size
     shared = _GATED_MLP_MATRICES * hidden * moe.shared_intermediate_size
     router = hidden * moe.num_experts
@@ -84,4 +86,12 @@ def expert_parameter_count(arch: Architecture) -> int:
     if moe is None:
         return 0
     per_layer = moe.num_experts * _GATED_MLP_MATRICES * arch.hidden_size * moe.expert_intermediate_size
-    return per_layer * (arch.num_layers - moe.dense_layers)
+    return per_layer * moe.moe_layer_count(arch.num_layers)
+
+
+def dense_mlp_width(arch: Architecture) -> int:
+    """The ordinary MLP's width (Llama 4: ``intermediate_size_mlp``, :mod:`sidecar.budget.moe`)."""
+    moe = arch.moe
+    if moe is not None and moe.dense_intermediate_size is not None:
+        return moe.dense_intermediate_size
+    return arch.intermediate_size

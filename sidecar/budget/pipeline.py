@@ -13,9 +13,9 @@ calibration table's two llm-d rows (vLLM 0.19, Llama-3.1-8B on H100 at PP 2 and 
 * **Weights per stage**: the first stage holds the token embeddings, the last the LM head; with tied
   embeddings the last stage holds a copy of the embedding matrix for it (``LlamaModel.__init__``:
   ``embed_tokens`` on the first rank, and on the last too when ``tie_word_embeddings``), so a tied model
-  stores the matrix twice from ``P = 2``. The rest (the decoder layers, a vision tower with them) is split
-  in proportion to the stage's layers. Llama-3.1-8B logs 7.51 GiB on stage 1 of 2 (this: 7.48) and 4.26
-  GiB on stage 1 of 4 (4.23).
+  stores the matrix twice from ``P = 2``. The RoPE tables are whole on every stage. The rest (the decoder
+  layers, a vision tower with them) is split in proportion to the stage's layers. Llama-3.1-8B logs 7.51
+  GiB on stage 1 of 2 (this: 7.51) and 4.26 GiB on stage 1 of 4 (4.26).
 * **Activation per stage**: every stage runs the profile's forward pass of ``max_num_batched_tokens``
   (its peak is inside one decoder layer, so it does not shrink with fewer layers); only the last stage
   samples (``_dummy_sampler_run`` runs on the last rank, ``gpu_model_runner.py``). Stage 1 of the
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from sidecar.budget.architecture import LayerKind
 from sidecar.budget.dtypes import FLOAT_DTYPES, weight_bytes_per_param
-from sidecar.budget.profile import estimate_activation_bytes
+from sidecar.budget.profile import estimate_activation_bytes, rope_cache_bytes
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -85,7 +85,8 @@ def pipeline_stages(
     dtype = request.effective_weight_dtype
     element = weight_bytes_per_param(dtype) if dtype in FLOAT_DTYPES else weight_bytes_per_param("bf16")
     embedding = arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size  # one matrix
-    body = profile["weights"] - embedding * (1 if arch.tie_word_embeddings else 2)  # layers (and vision)
+    rope = rope_cache_bytes(request)  # every stage holds all of it
+    body = profile["weights"] - rope - embedding * (1 if arch.tie_word_embeddings else 2)  # layers, vision
     forward = estimate_activation_bytes(request, samples=False)
     kv_layers = [kind is not LayerKind.NONE for kind in arch.layer_kinds]
     counts = stage_layer_counts(len(kv_layers), request.pipeline_parallel_size)
@@ -95,7 +96,7 @@ def pipeline_stages(
         first, last = index == 0, index == len(counts) - 1
         stage_kv = sum(kv_layers[start : start + layers])
         start += layers
-        weights = round(body * layers / len(kv_layers) + embedding * (int(first) + int(last)))
+        weights = rope + round(body * layers / len(kv_layers) + embedding * (int(first) + int(last)))
         activation = profile["activation"] if last else forward  # only the last stage samples
         memory = max(0, requested - weights - activation - profile["non_torch"] - profile["cuda_graphs"])
         block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers))

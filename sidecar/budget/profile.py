@@ -7,6 +7,10 @@ it subtracts depend on the model, and this module computes them; each rule names
 
 **Loaded weights** (``loaded_weights_per_gpu``) are not the seeds' "parameters x bytes":
 
+* vLLM builds its RoPE cos/sin tables on the GPU with the model, unsharded: ``max_position x rotary_dim``
+  values per table (``RotaryEmbeddingBase``, :mod:`sidecar.budget.rope`). Llama-3.1-8B logs 0.03 GiB above
+  its parameters at TP 1, 2 and 4 alike (its 32 MiB table; 0.065 GiB in float32), Llama-4-Scout 2.53 GiB
+  (its 10M-position table is 2.5 GiB).
 * fp8, int8 and int4 (AWQ, GPTQ) quantise linear layers only. Their ``get_quant_method`` returns a
   quantised method for ``LinearBase`` (and MoE experts) and the unquantised one for the token embeddings
   and, unless the checkpoint says otherwise, the LM head (``vllm/model_executor/layers/quantization/
@@ -51,7 +55,8 @@ from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
-from sidecar.budget.parameters import embedding_parameter_count, expert_parameter_count
+from sidecar.budget.parameters import dense_mlp_width, embedding_parameter_count, expert_parameter_count
+from sidecar.budget.rope import FLOAT32_ROPE_TYPES
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -91,7 +96,7 @@ def _mxfp4_expert_bytes_per_gpu(arch: Architecture, tensor_parallel_size: int) -
         arch.hidden_size, moe.expert_intermediate_size, tensor_parallel_size
     )
     per_layer = moe.num_experts * 3 * hidden * intermediate
-    return per_layer * (arch.num_layers - moe.dense_layers) * weight_bytes_per_param("mxfp4")
+    return per_layer * moe.moe_layer_count(arch.num_layers) * weight_bytes_per_param("mxfp4")
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -108,18 +113,32 @@ def paper_weights_per_gpu(request: PlanRequest, params: int) -> int:
     return round(params * weight_bytes_per_param(dtype) / tp)
 
 
+def rope_cache_bytes(request: PlanRequest) -> int:
+    """RoPE cos/sin tables on one GPU: every rank and stage holds them all (:mod:`sidecar.budget.rope`).
+
+    In the dtype the model is served in (float32 with ``--dtype float32``; 16-bit for quantised weights),
+    or float32 for the families whose vLLM module asks for it.
+    """
+    arch = request.architecture
+    if arch.model_type in FLOAT32_ROPE_TYPES or request.effective_weight_dtype == "fp32":
+        return arch.rope_cache_elements * round(WEIGHT_DTYPES["fp32"])
+    return arch.rope_cache_elements * ACTIVATION_ELEMENT_BYTES
+
+
 def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
-    """The weights one GPU holds once vLLM has loaded them (see the theory of operation)."""
+    """The weights one GPU holds once vLLM has loaded them, with the RoPE tables (the theory of operation)."""
     arch, tp = request.architecture, request.tensor_parallel_size
     dtype = request.effective_weight_dtype
     unquantised = weight_bytes_per_param("bf16")
+    rope = rope_cache_bytes(request)
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
-        return round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(arch, tp))
+        return rope + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(arch, tp))
     if dtype in QUANTISED_DTYPES:  # linear layers only: the embeddings and the LM head stay 16-bit
         embeddings = min(params, embedding_parameter_count(arch))
-        return round(((params - embeddings) * weight_bytes_per_param(dtype) + embeddings * unquantised) / tp)
-    return paper_weights_per_gpu(request, params)
+        quantised = (params - embeddings) * weight_bytes_per_param(dtype)
+        return rope + round((quantised + embeddings * unquantised) / tp)
+    return rope + paper_weights_per_gpu(request, params)
 
 
 def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> int:
@@ -159,13 +178,14 @@ def _runs_openai_triton_kernels(gpu_name: str) -> bool:
 def _dense_mlp_width(arch: Architecture) -> int:
     """The widest MLP the forward runs outside the MoE workspace.
 
-    That is the model's own, or for a MoE model its dense layers (DeepSeek's first ones) or its shared
-    experts; the routed experts work in :func:`moe_workspace_bytes`.
+    That is the model's own, or for a MoE model its dense layers (DeepSeek's first ones, Llama 4's
+    interleaved ones) or its shared experts; the routed experts work in :func:`moe_workspace_bytes`.
     """
     moe = arch.moe
     if moe is None:
         return arch.intermediate_size
-    return max(moe.shared_intermediate_size, arch.intermediate_size if moe.dense_layers else 0)
+    dense = moe.moe_layer_count(arch.num_layers) < arch.num_layers
+    return max(moe.shared_intermediate_size, dense_mlp_width(arch) if dense else 0)
 
 
 def moe_workspace_bytes(request: PlanRequest) -> int:

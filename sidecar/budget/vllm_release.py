@@ -110,6 +110,19 @@ class VllmRelease:
         """
         return windowed and self.at_least(22)
 
+    def groups_chunked_local_attention(self) -> bool:
+        """Whether Llama 4's chunked local-attention layers get KV cache groups of their own (from 0.19).
+
+        With the hybrid KV cache manager they do (``ChunkedLocalAttentionSpec``,
+        :mod:`sidecar.budget.kv_groups`); without it vLLM turns them into full-attention layers
+        (``unify_hybrid_kv_cache_specs``). ``VllmConfig`` (``vllm/config/vllm.py``) turns the manager off for
+        chunked attention unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE``, on by default in
+        0.32.0 and in the calibration table's 0.19.0 Scout log; it defaulted to off from vllm-project/vllm
+        PR #21761 (July 2025) until PR #29627, in a release not pinned here, so releases before 0.19 are
+        planned as all-full (the larger, safer reservation).
+        """
+        return self.at_least(19)
+
     def batches_in_flight(self, *, async_scheduling: bool) -> int:
         """How many batches of tokens a sliding-window cap adds: 2 with async scheduling from 0.26, else 1."""
         return 2 if async_scheduling and self.at_least(26) else 1

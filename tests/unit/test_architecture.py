@@ -256,3 +256,26 @@ def test_corrupt_safetensors_is_a_config_error(tmp_path: Path) -> None:
 def test_directory_without_config_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"has no config\.json"):
         load_architecture(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "elements"),
+    [
+        ("meta-llama--Llama-3.1-8B-Instruct.json", 131_072 * 128),  # llama3 RoPE: max_position_embeddings
+        ("meta-llama--Llama-4-Scout-17B-16E-Instruct.json", 10_485_760 * 128),  # 2.5 GiB in bf16
+        ("openai--gpt-oss-20b.json", 4096 * 32 * 64),  # YaRN: original_max_position_embeddings x factor
+        ("deepseek-ai--DeepSeek-V3.json", 4096 * 40 * 64),  # YaRN over MLA's qk_rope_head_dim
+        ("microsoft--phi-2.json", 2048 * 32),  # partial_rotary_factor 0.4 of 80
+        ("google--gemma-2-9b-it.json", 8192 * 256),
+        ("tiiuae--falcon-7b-instruct.json", 2048 * 64),  # alibi false: RoPE
+    ],
+)
+def test_rope_tables_are_positions_times_rotary_dimension(name: str, elements: int) -> None:
+    # vLLM's RotaryEmbeddingBase.cos_sin_cache (rotary_embedding/base.py, 0.32.0): sidecar.budget.rope
+    config = json.loads((Path(__file__).parents[1] / "data" / "hf-configs" / name).read_text())
+    assert architecture_from_config(config).rope_cache_elements == elements
+
+
+def test_learned_position_families_have_no_rope_table() -> None:
+    config = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
+    assert architecture_from_config({**config, "n_positions": 1024}).rope_cache_elements == 0

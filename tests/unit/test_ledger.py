@@ -23,7 +23,7 @@ def test_tiny_model_matches_the_real_vllm_startup_log() -> None:
     # vllm-0.32.0-cpu-startup.log: "KV cache size: 2,048 tokens, Maximum concurrency for 1,024 tokens
     # per request: 2.00x" with 16 blocks of 128 tokens. 2 x 1 x 64 x 2 bytes x 2 layers = 512 B/token.
     arch = architecture_from_config(TINY)
-    weights = build_ledger(PlanRequest(arch, GIB, block_size=128)).weights_bytes
+    weights = build_ledger(PlanRequest(arch, GIB, block_size=128)).profile["weights"]  # as loaded
     pool_bytes = 2048 * 512
     request = PlanRequest(
         arch,
@@ -52,7 +52,7 @@ def test_pool_rounds_down_to_whole_blocks() -> None:
         non_torch_bytes=0,
         cuda_graph_bytes=0,
     )
-    weights = build_ledger(base).weights_bytes
+    weights = build_ledger(base).profile["weights"]  # as loaded, the RoPE table included
     block_bytes = 16 * 512
     for extra, tokens in [
         (block_bytes - 1, 0),

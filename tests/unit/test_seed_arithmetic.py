@@ -540,7 +540,7 @@ def test_seed_gpu_memory_utilization_arithmetic() -> None:
             weight_dtype="bf16",
         )
         result = build_ledger(request)
-        requested = result.kv_pool_bytes + result.weights_bytes
+        requested = result.kv_pool_bytes + result.profile["weights"]  # as loaded, the RoPE table included
         assert requested / GIB == pytest.approx(printed, abs=0.001)
 
 
@@ -549,7 +549,7 @@ def test_seed_max_concurrency_log_line() -> None:
     # Maximum concurrency for 32,768 tokens per request: 8.00x".
     # Give Qwen2.5-7B a pool of exactly 262,144 tokens and the same figures come out.
     arch = resolve_model("qwen2.5-7b")
-    weights = round(parameter_count(arch) * 2)
+    weights = round(parameter_count(arch) * 2) + 32_768 * 128 * 2  # and the RoPE cos/sin table
     pool = 262_144 * 57_344
     request = PlanRequest(
         arch,

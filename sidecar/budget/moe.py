@@ -1,0 +1,109 @@
+"""Mixture-of-experts feed-forward layers, read from a ``config.json``: which layers, how wide. Pure.
+
+Most families make every layer (DeepSeek: every layer after ``first_k_dense_replace``) a MoE layer of
+``num_local_experts`` (``n_routed_experts``, ``num_experts``) experts of ``moe_intermediate_size``
+(else ``intermediate_size``), with DeepSeek's ``n_shared_experts`` of the same width or Qwen's one shared
+expert of ``shared_expert_intermediate_size``.
+
+Llama 4 (``llama4_text``) is read as transformers 5.19 defines it (``models/llama4/configuration_llama4.py``,
+``Llama4TextConfig.__post_init__``; ``modeling_llama4.py``, ``Llama4TextDecoderLayer``,
+``Llama4TextMoe``), which vLLM 0.32.0 follows (``vllm/model_executor/models/llama4.py``, ``Llama4MoE``,
+``Llama4DecoderLayer``):
+
+* the MoE layers are ``moe_layers`` when the config lists them, else every ``interleave_moe_layer_step``-th
+  layer (``range(step - 1, num_hidden_layers, step)``; vLLM: ``(layer_idx + 1) % step == 0``): Scout's
+  step 1 makes all 48 MoE, Maverick's step 2 the odd ones;
+* a MoE layer holds the routed experts (``Llama4TextExperts``: ``gate_up_proj`` and ``down_proj`` of
+  ``intermediate_size``), the router (``Llama4Router``: ``hidden x num_local_experts``, no bias) and one
+  shared expert (``shared_expert = Llama4TextMLP(config)``: a gated MLP of ``intermediate_size``);
+* the other layers hold a gated MLP of ``intermediate_size_mlp`` (``Llama4TextMLP(config,
+  intermediate_size=config.intermediate_size_mlp)``), not of ``intermediate_size``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sidecar.errors import ConfigError
+
+LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
+LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
+"""``Llama4TextConfig.intermediate_size_mlp``'s default (transformers 5.19), for a config that omits it."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Mixture-of-experts feed-forward layers."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    dense_layers: int = 0  # leading layers with an ordinary MLP (DeepSeek's first_k_dense_replace)
+    moe_layers: tuple[int, ...] | None = None  # the MoE layers when not "every layer from dense_layers on"
+    dense_intermediate_size: int | None = None  # the ordinary MLP's width when not intermediate_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (from 0) holds experts rather than an ordinary MLP."""
+        if self.moe_layers is not None:
+            return layer in self.moe_layers
+        return layer >= self.dense_layers
+
+    def moe_layer_count(self, num_layers: int) -> int:
+        """How many of ``num_layers`` decoder layers hold experts."""
+        return sum(1 for layer in range(num_layers) if self.is_moe_layer(layer))
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+                raise ConfigError(f"config.json field {key!r} must be a whole number, got {value!r}")
+            return int(value)
+    return None
+
+
+def _llama4_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
+    listed = cfg.get("moe_layers")
+    if isinstance(listed, list) and all(isinstance(i, int) for i in listed):
+        return tuple(listed)
+    step = _int(cfg, "interleave_moe_layer_step")
+    step = 1 if step is None else step
+    return tuple(range(step - 1, num_layers, step)) if step > 0 else ()
+
+
+def moe_from_config(
+    cfg: Mapping[str, Any], model_type: str, intermediate_size: int, num_layers: int
+) -> MoeSpec | None:
+    """The MoE layers of the language model ``cfg`` describes, or ``None`` for a dense model."""
+    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    if not experts or experts <= 1:
+        return None
+    expert_size = _int(cfg, "moe_intermediate_size") or intermediate_size
+    top_k = _int(cfg, "num_experts_per_tok", "moe_topk") or 1
+    if model_type in LLAMA4_TYPES:
+        return MoeSpec(
+            num_experts=experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=intermediate_size,
+            shared_experts=1,
+            shared_intermediate_size=intermediate_size,
+            moe_layers=_llama4_moe_layers(cfg, num_layers),
+            dense_intermediate_size=_int(cfg, "intermediate_size_mlp") or LLAMA4_DENSE_INTERMEDIATE_DEFAULT,
+        )
+    shared = _int(cfg, "n_shared_experts") or 0
+    shared_size = shared * expert_size
+    if (qwen_shared := _int(cfg, "shared_expert_intermediate_size")) is not None:
+        shared, shared_size = 1, qwen_shared
+    return MoeSpec(
+        num_experts=experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=expert_size,
+        shared_experts=shared,
+        shared_intermediate_size=shared_size,
+        dense_layers=_int(cfg, "first_k_dense_replace") or 0,
+    )

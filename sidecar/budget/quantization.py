@@ -1,0 +1,44 @@
+"""The weights' format of a quantised checkpoint, read from its ``config.json``'s ``quantization_config``.
+
+AWQ and GPTQ (and their Marlin variants) are ``int4`` unless ``bits`` is 8; ``fp8``, ``fbgemm_fp8`` and
+``modelopt`` are ``fp8``; bitsandbytes is ``int4`` or ``int8`` by ``load_in_4bit``; ``mxfp4`` (gpt-oss)
+quantises the MoE experts only; compressed-tensors checkpoints say it in their first config group's weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
+    """The format ``quantization_config`` names: ``int4``, ``int8``, ``fp8``, ``mxfp4``, or ``None``."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = str(quant.get("quant_method", "")).lower()
+    bits = quant.get("bits", quant.get("w_bit"))
+    if method in {"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin"}:
+        return "int8" if bits == 8 else "int4"
+    if method in {"fp8", "fbgemm_fp8", "modelopt"}:
+        return "fp8"
+    if method == "bitsandbytes":
+        return "int4" if quant.get("load_in_4bit") else "int8"
+    if method == "mxfp4":  # gpt-oss: MoE experts in MXFP4, the rest in bf16 (modules_to_not_convert)
+        return "mxfp4"
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant)
+    return None
+
+
+def _compressed_tensors(quant: Mapping[str, Any]) -> str | None:
+    """The weights' format of a compressed-tensors checkpoint (its first config group's weights)."""
+    groups = quant.get("config_groups")
+    first: Any = next(iter(groups.values()), None) if isinstance(groups, Mapping) else None
+    weights = first.get("weights") if isinstance(first, Mapping) else None
+    if not isinstance(weights, Mapping):
+        return None
+    bits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
+    if bits == 8:
+        return "fp8" if kind == "float" else "int8"
+    return "int4" if bits == 4 else None
