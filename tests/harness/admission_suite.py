@@ -19,7 +19,7 @@ Shapes (``/v1/completions``, temperature 0, ``ignore_eos`` unless said):
 - ``generous-max-tokens``: 40 (80-120 in, max_tokens 900, temperature 1, a seed each, 8 stop token ids so
   random weights stop early: median ~40-60 tokens), half of them streamed (SSE read to ``[DONE]``).
 - ``shared-prefix``: 24 requests sharing one 512-token prefix (fresh per run) + 40-80 own tokens, 100 out.
-- ``sustained-overload``: open-loop Poisson at 20 req/s for ``--overload-seconds`` (75% short, 25% 300+200),
+- ``sustained-overload``: open-loop Poisson at 20 req/s (``--overload-rate``) for ``--overload-seconds`` (75% short, 25% 300+200),
   120 s client timeout; a 429/503 with Retry-After is retried once after exactly that wait. On 2 cores vLLM
   serves ~10-12 req/s of this mix (at 6 req/s shorts still finish in 0.1 s, at 20 the backlog grows).
 
@@ -522,6 +522,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repeat each shape (medians reported)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--overload-seconds", type=float, default=60.0)
+    parser.add_argument("--overload-rate", type=float, default=SHAPES["sustained-overload"].rate,
+                        help="arrivals per second of the sustained overload (default %(default)s)")
     parser.add_argument("--engine-url", help="use a running vLLM (started with the harness's settings)")
     parser.add_argument("--sidecar-arg", action="append", default=[], help="extra `kv-sidecar run` argument (repeatable)")
     parser.add_argument("--max-num-seqs", type=int, default=4,
@@ -533,7 +535,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown shapes: {', '.join(unknown)}")
     shapes = [SHAPES[n] for n in args.shapes.split(",")]
-    shapes = [dataclasses.replace(s, seconds=args.overload_seconds) if s.seconds > 0 else s for s in shapes]
+    shapes = [
+        dataclasses.replace(s, seconds=args.overload_seconds, rate=args.overload_rate) if s.seconds > 0 else s
+        for s in shapes
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="kv-sidecar-admission-"))
     python = vllm_python()
     model = make_tiny_model(python, workdir / "tiny-model")
