@@ -23,7 +23,10 @@ the layout is read as follows:
   cap from the engine's figure (``(figure - full groups x full blocks) / sliding groups``), which holds
   whatever vLLM counts as in flight (its cap adds ``max_num_batched_tokens`` once, or twice with async
   scheduling); a figure the groups cannot explain falls back the same way. Without the engine's figure
-  the cap is the prediction's (one batch in flight, as the budget computes it).
+  the cap is the prediction's (one batch in flight, as the budget computes it). Llama 4's chunked
+  local-attention groups are read the same way: a sequence holds at most one chunk plus what is in flight
+  in each (``ChunkedLocalAttentionSpec``, :func:`sidecar.budget.kv_groups.chunked_local_blocks`), and the
+  engine's figure gives that cap (a model with both sliding and chunked groups must match the prediction).
 
 Prefix sharing is planned only for single-group layouts: a hybrid model's cache hit needs its
 sliding-window blocks too, which vLLM frees once they leave the window, so counting its full-attention
@@ -38,21 +41,27 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class GroupLayout:
-    """A sequence's blocks per group kind: ``full`` groups hold every token, ``sliding`` ones a window."""
+    """A sequence's blocks per group kind: ``full`` groups hold every token, the others a capped span."""
 
     full: int = 1
     sliding: int = 0
     window_cap: int = 0  # blocks a sequence holds at most in each sliding-window group
+    chunked: int = 0  # Llama 4's chunked local-attention groups
+    chunk_cap: int = 0  # blocks a sequence holds at most in each of them
 
     @property
     def single(self) -> bool:
         """Whether the pool has one full-attention group (blocks are tokens over the block size)."""
-        return self.full == 1 and self.sliding == 0
+        return self.full == 1 and self.sliding == 0 and self.chunked == 0
 
     def blocks(self, tokens: int, block_size: int) -> int:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
         whole = max(0, math.ceil(tokens / block_size))
-        return self.full * whole + self.sliding * min(whole, self.window_cap)
+        return (
+            self.full * whole
+            + self.sliding * min(whole, self.window_cap)
+            + self.chunked * min(whole, self.chunk_cap)
+        )
 
 
 SINGLE_GROUP = GroupLayout()
@@ -79,10 +88,16 @@ def resolve_layout(
     block_size: int,
     max_model_len: int,
     engine_blocks: int | None,
-    groups: tuple[int, int] | None = None,
+    groups: tuple[int, int, int] | None = None,
     predicted_window_cap: int | None = None,
+    predicted_chunk_cap: int | None = None,
 ) -> LayoutAnswer:
-    """The layout from the engine's blocks per full-length request and the model's (full, sliding) groups."""
+    """The layout from the engine's blocks per full-length request and the model's groups.
+
+    ``groups`` counts the full-attention, sliding-window and chunked local-attention groups. The engine's
+    figure gives the cap of the one capped kind present; with both present, the predicted caps must
+    explain it exactly.
+    """
     whole = math.ceil(max_model_len / block_size)
     if groups is None:
         if engine_blocks is None or engine_blocks == whole:
@@ -92,17 +107,20 @@ def resolve_layout(
             f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, not {whole}: "
             "a hybrid KV layout; give the sidecar the model's config (--model) so admission reads its layers",
         )
-    full, sliding = groups
-    if engine_blocks is None:
-        cap = min(whole, predicted_window_cap) if predicted_window_cap else whole
-        return LayoutAnswer(GroupLayout(full, sliding, cap if sliding else 0))
+    full, sliding, chunked = groups
+    window = min(whole, predicted_window_cap) if predicted_window_cap else whole
+    chunk = min(whole, predicted_chunk_cap) if predicted_chunk_cap else whole
+    predicted = GroupLayout(full, sliding, window if sliding else 0, chunked, chunk if chunked else 0)
+    if engine_blocks is None or engine_blocks == predicted.blocks(max_model_len, block_size):
+        return LayoutAnswer(predicted)
     rest = engine_blocks - full * whole
-    if sliding == 0 and rest == 0:
-        return LayoutAnswer(GroupLayout(full=full))
-    if sliding and rest > 0 and rest % sliding == 0 and rest // sliding <= whole:
-        return LayoutAnswer(GroupLayout(full, sliding, rest // sliding))
+    capped = sliding or chunked
+    if capped and not (sliding and chunked) and rest > 0 and rest % capped == 0 and rest // capped <= whole:
+        cap = rest // capped
+        return LayoutAnswer(GroupLayout(full, sliding, cap if sliding else 0, chunked, cap if chunked else 0))
     return LayoutAnswer(
         None,
         f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, which {full} "
-        f"full-attention and {sliding} sliding-window KV groups do not explain; check --model",
+        f"full-attention, {sliding} sliding-window and {chunked} chunked-attention KV groups do not explain; "
+        "check --model",
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sidecar.admission.capacity import PoolView
 from sidecar.admission.geometry import LayoutAnswer, engine_blocks_per_request, resolve_layout
-from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
+from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
 
@@ -39,16 +39,18 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
         return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
     arch = request.architecture
     groups = kv_groups(arch.layer_kinds)
-    window = arch.sliding_window
-    cap = (
-        sliding_window_blocks(window, request.in_flight_tokens, max_model_len, block_size) if window else None
-    )
+    window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
     return resolve_layout(
         block_size=block_size,
         max_model_len=max_model_len,
         engine_blocks=engine_blocks,
-        groups=(groups.full, groups.sliding),
-        predicted_window_cap=cap,
+        groups=(groups.full, groups.sliding, groups.chunked),
+        predicted_window_cap=sliding_window_blocks(window, in_flight, max_model_len, block_size)
+        if window
+        else None,
+        predicted_chunk_cap=chunked_local_blocks(chunk, in_flight, max_model_len, block_size)
+        if chunk
+        else None,
     )
 
 

@@ -85,7 +85,7 @@ async def test_the_models_layers_predict_the_blocks_the_engine_counts_per_reques
         block_size=128,
         max_model_len=1024,
         engine_blocks=None,  # from config.json and the flags alone
-        groups=(groups.full, groups.sliding),
+        groups=(groups.full, groups.sliding, groups.chunked),
         predicted_window_cap=sliding_window_blocks(128, BATCHED_TOKENS, 1024, 128),
     ).layout
     assert predicted is not None

@@ -22,6 +22,7 @@ from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.pool import admission_pool
 from sidecar.signals import parse_vllm_metrics
 from sidecar.units import GIB
+from tests.fake_vllm import substitute_label
 
 DATA = Path(__file__).parents[1] / "data" / "vllm"
 HYBRID_PAGE = DATA / "vllm-0.32.0-cpu-tiny-hybrid.prom"  # 16 blocks, kv_cache_max_concurrency 1.33
@@ -71,6 +72,8 @@ def test_a_sliding_window_holds_its_window_and_the_tokens_in_flight(
         (GroupLayout(1, 1, 4), 830, 7 + 4),  # long: the sliding group stops at its cap
         (GroupLayout(1, 6, 2), 1000, 8 + 6 * 2),
         (GroupLayout(0, 1, 3), 1000, 3),
+        (GroupLayout(1, 0, 0, 3, 8), 1000, 8 + 3 * 8),  # Llama 4 at max_model_len = chunk: every block
+        (GroupLayout(1, 0, 0, 3, 4), 1000, 8 + 3 * 4),  # chunked groups stop at one chunk + in flight
     ],
 )
 def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int, blocks: int) -> None:
@@ -82,14 +85,17 @@ def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int
     [
         (8, None, None, SINGLE_GROUP),  # the engine's figure is one group's
         (None, None, None, SINGLE_GROUP),  # an engine that does not say: one group, as before
-        (12, (1, 1), None, GroupLayout(1, 1, 4)),  # the tiny hybrid server: the cap from the engine
-        (None, (1, 1), 4, GroupLayout(1, 1, 4)),  # no engine figure: the prediction's cap
-        (None, (1, 1), 20, GroupLayout(1, 1, 8)),  # never more than the whole request
-        (8, (1, 0), None, SINGLE_GROUP),
+        (12, (1, 1, 0), None, GroupLayout(1, 1, 4)),  # the tiny hybrid server: the cap from the engine
+        (None, (1, 1, 0), 4, GroupLayout(1, 1, 4)),  # no engine figure: the prediction's cap
+        (None, (1, 1, 0), 20, GroupLayout(1, 1, 8)),  # never more than the whole request
+        (8, (1, 0, 0), None, SINGLE_GROUP),
+        (32, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 8)),  # Llama-4-Scout's four groups of 12 layers
+        (20, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 4)),  # a chunk shorter than the request
+        (None, (1, 0, 3), 4, GroupLayout(1, 0, 0, 3, 4)),
     ],
 )
 def test_the_layout_is_read_from_the_engine_and_the_layers(
-    engine: int | None, groups: tuple[int, int] | None, predicted: int | None, layout: GroupLayout
+    engine: int | None, groups: tuple[int, int, int] | None, predicted: int | None, layout: GroupLayout
 ) -> None:
     answer = resolve_layout(
         block_size=128,
@@ -97,21 +103,40 @@ def test_the_layout_is_read_from_the_engine_and_the_layers(
         engine_blocks=engine,
         groups=groups,
         predicted_window_cap=predicted,
+        predicted_chunk_cap=predicted,
     )
     assert answer.layout == layout
+
+
+def test_sliding_and_chunked_groups_together_must_match_the_prediction() -> None:
+    """One engine figure cannot give two caps: only the predicted ones, when they explain it exactly."""
+
+    def resolve(engine: int) -> GroupLayout | None:
+        return resolve_layout(
+            block_size=128, max_model_len=1024, engine_blocks=engine, groups=(1, 1, 1),
+            predicted_window_cap=4, predicted_chunk_cap=6,
+        ).layout  # fmt: skip
+
+    assert resolve(8 + 4 + 6) == GroupLayout(1, 1, 4, 1, 6)
+    assert resolve(8 + 5 + 6) is None
 
 
 @pytest.mark.parametrize(
     ("engine", "groups", "why"),
     [
         (12, None, "hybrid KV layout; give the sidecar the model's config (--model)"),
-        (10, (1, 0), "1 full-attention and 0 sliding-window KV groups do not explain"),
-        (20, (1, 1), "do not explain"),  # 12 left for one sliding group of an 8-block request
-        (13, (1, 2), "do not explain"),  # 5 left does not split over two groups
+        (
+            10,
+            (1, 0, 0),
+            "1 full-attention, 0 sliding-window and 0 chunked-attention KV groups do not explain",
+        ),
+        (20, (1, 1, 0), "do not explain"),  # 12 left for one sliding group of an 8-block request
+        (13, (1, 2, 0), "do not explain"),  # 5 left does not split over two groups
+        (35, (1, 0, 3), "do not explain"),  # 27 left over three chunked groups of at most 8
     ],
 )
 def test_a_layout_the_groups_cannot_explain_is_refused_with_the_reason(
-    engine: int, groups: tuple[int, int] | None, why: str
+    engine: int, groups: tuple[int, int, int] | None, why: str
 ) -> None:
     answer = resolve_layout(block_size=128, max_model_len=1024, engine_blocks=engine, groups=groups)
     assert answer.layout is None
@@ -221,3 +246,34 @@ def test_a_windowed_pool_is_reported_as_the_release_logs_it(version: str, tokens
     else:  # vLLM's group-aware concurrency x max_model_len
         per_request = 32768 // 16 + 6 * sliding_window_blocks(1024, 2 * 2048, 32768, 16)  # async: two batches
         assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / per_request * 32768)
+
+
+def test_llama4s_chunked_groups_are_planned_from_the_engines_blocks_per_request() -> None:
+    """Scout at TP 4 as its vLLM log reports it: 91,495 blocks of 16, 44.68 full-length requests.
+
+    2,048 blocks per 8,192-token request: one full-attention group and three chunked ones of 512 each (the chunk
+    is the whole request here). Read as full and sliding groups only, the layout was unexplained, and capacity
+    admission fell back to lanes for every Llama 4 model.
+    """
+    scout = json.loads(
+        (DATA.parent / "hf-configs/meta-llama--Llama-4-Scout-17B-16E-Instruct.json").read_text()
+    )
+    inputs = PlanInputs(
+        architecture=architecture_from_config(scout),
+        model="scout",
+        gpu_memory_bytes=80 * GIB,
+        max_model_len=8192,
+    )
+    text = HYBRID_PAGE.read_text()
+    for key, value in (
+        ("num_gpu_blocks", "91495"),
+        ("block_size", "16"),
+        ("kv_cache_max_concurrency", "44.68"),
+    ):
+        text = substitute_label(text, "vllm:cache_config_info", key, value)
+    monitor = Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+    monitor.record_success(parse_vllm_metrics(text), now=0.0)
+    answer = admission_pool(monitor)
+    assert answer.view is not None, answer.why
+    assert answer.view.layout == GroupLayout(1, 0, 0, 3, 512)
+    assert answer.view.sequence_blocks(8192) == 2048
