@@ -29,6 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.budget.config_fields import first_int
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.moe import LLAMA4_TYPES, MoeSpec, moe_from_config
@@ -130,18 +131,8 @@ class Architecture:
         return replace(self, parameter_count=count, parameter_source=source)
 
 
-def _first_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = cfg.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-                raise ConfigError(f"config.json field {key!r} must be a whole number, got {value!r}")
-            return int(value)
-    return None
-
-
 def _required_int(cfg: Mapping[str, Any], *keys: str) -> int:
-    value = _first_int(cfg, *keys)
+    value = first_int(cfg, *keys)
     if value is None or value <= 0:
         raise ConfigError(
             f"config.json lacks a positive {' or '.join(repr(k) for k in keys)}: is it a decoder LLM?"
@@ -153,7 +144,7 @@ def _attention_chunk_size(cfg: Mapping[str, Any], model_type: str) -> int | None
     """Llama 4's ``attention_chunk_size`` (transformers' default when absent; ``null`` turns it off)."""
     if model_type not in LLAMA4_TYPES:
         return None
-    return _first_int(cfg, "attention_chunk_size") if "attention_chunk_size" in cfg else _LLAMA4_CHUNK_DEFAULT
+    return first_int(cfg, "attention_chunk_size") if "attention_chunk_size" in cfg else _LLAMA4_CHUNK_DEFAULT
 
 
 def _llama4_layer_kinds(cfg: Mapping[str, Any], num_layers: int, chunk: int | None) -> tuple[LayerKind, ...]:
@@ -167,7 +158,7 @@ def _llama4_layer_kinds(cfg: Mapping[str, Any], num_layers: int, chunk: int | No
 def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     cfg: Mapping[str, Any], model_type: str, num_layers: int
 ) -> tuple[LayerKind, ...]:
-    window = _first_int(cfg, "sliding_window")
+    window = first_int(cfg, "sliding_window")
     if model_type in LLAMA4_TYPES:
         return _llama4_layer_kinds(cfg, num_layers, _attention_chunk_size(cfg, model_type))
     layer_types = cfg.get("layer_types")
@@ -181,7 +172,7 @@ def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: only "*" layers attend
         return tuple(LayerKind.FULL if c == "*" else LayerKind.NONE for c in pattern)
-    interval = _first_int(cfg, "full_attention_interval")
+    interval = first_int(cfg, "full_attention_interval")
     if interval and model_type == "qwen3_next":  # every interval-th layer attends; the rest are linear
         return tuple(LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.NONE for i in range(num_layers))
     if window is None:
@@ -189,18 +180,18 @@ def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     if model_type in _QWEN_WINDOW_TYPES:
         if not cfg.get("use_sliding_window", False):
             return (LayerKind.FULL,) * num_layers
-        first_windowed = _first_int(cfg, "max_window_layers") or 0
+        first_windowed = first_int(cfg, "max_window_layers") or 0
         return tuple(LayerKind.SLIDING if i >= first_windowed else LayerKind.FULL for i in range(num_layers))
     if model_type == "gemma2":  # even layers local, odd layers global
         return tuple(LayerKind.SLIDING if (i + 1) % 2 else LayerKind.FULL for i in range(num_layers))
     if model_type in _GEMMA3_TYPES:
-        pattern = _first_int(cfg, "sliding_window_pattern") or _DEFAULT_GEMMA3_PATTERN
+        pattern = first_int(cfg, "sliding_window_pattern") or _DEFAULT_GEMMA3_PATTERN
         return tuple(LayerKind.SLIDING if (i + 1) % pattern else LayerKind.FULL for i in range(num_layers))
     return (LayerKind.SLIDING,) * num_layers  # Mistral v0.1, Mixtral, Starcoder2: every layer windowed
 
 
 def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
-    rank = _first_int(cfg, "kv_lora_rank")
+    rank = first_int(cfg, "kv_lora_rank")
     if rank is None:
         return None
     return MlaSpec(
@@ -208,7 +199,7 @@ def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
         qk_rope_head_dim=_required_int(cfg, "qk_rope_head_dim"),
         qk_nope_head_dim=_required_int(cfg, "qk_nope_head_dim"),
         v_head_dim=_required_int(cfg, "v_head_dim"),
-        q_lora_rank=_first_int(cfg, "q_lora_rank"),
+        q_lora_rank=first_int(cfg, "q_lora_rank"),
     )
 
 
@@ -294,14 +285,14 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     heads = _required_int(cfg, "num_attention_heads", "n_head")
     hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = (
-        _first_int(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num") or heads
+        first_int(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num") or heads
     )
     falcon = model_type in _FALCON_TYPES
     new_falcon = falcon and bool(cfg.get("new_decoder_architecture"))
     if falcon and not new_falcon and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
-    head_dim = _first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
-    intermediate = _first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
+    intermediate = first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
     if kv_heads <= 0 or head_dim <= 0:
         raise ConfigError("config.json gives a non-positive KV head count or head size")
     dtype = normalise_dtype(
@@ -309,7 +300,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     )
     tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type.startswith("gemma")))
     mla = _mla(cfg)
-    max_positions = _first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
+    max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
     rotary = mla.qk_rope_head_dim if mla else head_dim
     return Architecture(
         model_type=model_type,
@@ -323,7 +314,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         tie_word_embeddings=bool(tie),
         dtype=dtype,
         layer_kinds=_layer_kinds(cfg, model_type, num_layers),
-        sliding_window=_first_int(cfg, "sliding_window"),
+        sliding_window=first_int(cfg, "sliding_window"),
         attention_chunk_size=_attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,
         derived_max_model_len=_derived_max_len(cfg, model_type),

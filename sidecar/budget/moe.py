@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sidecar.errors import ConfigError
+from sidecar.budget.config_fields import first_int
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
@@ -57,21 +57,11 @@ class MoeSpec:
         return sum(1 for layer in range(num_layers) if self.is_moe_layer(layer))
 
 
-def _int(cfg: Mapping[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = cfg.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-                raise ConfigError(f"config.json field {key!r} must be a whole number, got {value!r}")
-            return int(value)
-    return None
-
-
 def _llama4_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
     listed = cfg.get("moe_layers")
     if isinstance(listed, list) and all(isinstance(i, int) for i in listed):
         return tuple(listed)
-    step = _int(cfg, "interleave_moe_layer_step")
+    step = first_int(cfg, "interleave_moe_layer_step")
     step = 1 if step is None else step
     return tuple(range(step - 1, num_layers, step)) if step > 0 else ()
 
@@ -80,11 +70,11 @@ def moe_from_config(
     cfg: Mapping[str, Any], model_type: str, intermediate_size: int, num_layers: int
 ) -> MoeSpec | None:
     """The MoE layers of the language model ``cfg`` describes, or ``None`` for a dense model."""
-    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
     if not experts or experts <= 1:
         return None
-    expert_size = _int(cfg, "moe_intermediate_size") or intermediate_size
-    top_k = _int(cfg, "num_experts_per_tok", "moe_topk") or 1
+    expert_size = first_int(cfg, "moe_intermediate_size") or intermediate_size
+    top_k = first_int(cfg, "num_experts_per_tok", "moe_topk") or 1
     if model_type in LLAMA4_TYPES:
         return MoeSpec(
             num_experts=experts,
@@ -93,11 +83,13 @@ def moe_from_config(
             shared_experts=1,
             shared_intermediate_size=intermediate_size,
             moe_layers=_llama4_moe_layers(cfg, num_layers),
-            dense_intermediate_size=_int(cfg, "intermediate_size_mlp") or LLAMA4_DENSE_INTERMEDIATE_DEFAULT,
+            dense_intermediate_size=(
+                first_int(cfg, "intermediate_size_mlp") or LLAMA4_DENSE_INTERMEDIATE_DEFAULT
+            ),
         )
-    shared = _int(cfg, "n_shared_experts") or 0
+    shared = first_int(cfg, "n_shared_experts") or 0
     shared_size = shared * expert_size
-    if (qwen_shared := _int(cfg, "shared_expert_intermediate_size")) is not None:
+    if (qwen_shared := first_int(cfg, "shared_expert_intermediate_size")) is not None:
         shared, shared_size = 1, qwen_shared
     return MoeSpec(
         num_experts=experts,
@@ -105,5 +97,5 @@ def moe_from_config(
         expert_intermediate_size=expert_size,
         shared_experts=shared,
         shared_intermediate_size=shared_size,
-        dense_layers=_int(cfg, "first_k_dense_replace") or 0,
+        dense_layers=first_int(cfg, "first_k_dense_replace") or 0,
     )
