@@ -56,7 +56,12 @@ from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_wi
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
-from sidecar.budget.profile import estimate_activation_bytes, loaded_weights_per_gpu, paper_weights_per_gpu
+from sidecar.budget.profile import (
+    estimate_activation_bytes,
+    hopper_or_blackwell,
+    loaded_weights_per_gpu,
+    paper_weights_per_gpu,
+)
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB
@@ -300,7 +305,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
         "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
         "weights": loaded_weights_per_gpu(request, params),
         "activation": activation,
-        "non_torch": request.release.non_torch_bytes(request.tensor_parallel_size)
+        "non_torch": request.release.non_torch_bytes(
+            request.tensor_parallel_size, hopper_or_blackwell=hopper_or_blackwell(request.gpu)
+        )
         if request.non_torch_bytes is None
         else request.non_torch_bytes,
         "cuda_graphs": request.effective_cuda_graph_bytes,

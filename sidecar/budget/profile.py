@@ -69,7 +69,13 @@ MXFP4_HIDDEN_ALIGNMENT: Final = 256
 MXFP4_INTERMEDIATE_ALIGNMENT: Final = 128
 """Marlin's MXFP4 MoE tiles: each expert's hidden size padded to 256, its per-GPU intermediate size to 128."""
 HOPPER_OR_BLACKWELL_NAMES: Final = ("h100", "h200", "h800", "h20", "gh200", "b100", "b200", "gb200", "b300")
-"""GPU names of compute capability 9.0-10.x (see ``_runs_openai_triton_kernels``)."""
+"""GPU names of compute capability 9.0-10.x (see :func:`hopper_or_blackwell`)."""
+OLDER_OR_WORKSTATION_NAMES: Final = (
+    "a100", "a10", "a30", "a40", "a16", "a2", "a6000", "a5000", "a4000", "l4", "l20", "v100", "t4", "p100",
+    "rtx", "geforce", "quadro", "titan",
+)  # fmt: skip
+"""GPU names of compute capability 7.x, 8.x or 12.x (Volta to Ada; RTX Blackwell is 12.0): none of them is
+in vLLM's tables for Hopper and data-centre Blackwell (see :func:`hopper_or_blackwell`)."""
 LOGIT_ELEMENT_BYTES: Final = 4
 """The sampler works in float32."""
 SAMPLER_FLOAT32_COPIES: Final = 3
@@ -164,6 +170,20 @@ def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> 
     return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
 
 
+def hopper_or_blackwell(gpu_name: str) -> bool | None:
+    """Whether a GPU, known here by name only, has compute capability 9.0-10.x; ``None`` when unknown.
+
+    vLLM picks kernels and communicators by that capability: the MXFP4 MoE backend (below) and the
+    tensor-parallel buffers of :meth:`~sidecar.budget.vllm_release.VllmRelease.non_torch_bytes`.
+    """
+    name = gpu_name.lower()
+    if any(part in name for part in HOPPER_OR_BLACKWELL_NAMES):
+        return True
+    if any(part in name for part in OLDER_OR_WORKSTATION_NAMES):
+        return False
+    return None
+
+
 def _runs_openai_triton_kernels(gpu_name: str) -> bool:
     """Whether vLLM runs MXFP4 experts with OpenAI's Triton kernels rather than Marlin on this GPU.
 
@@ -171,8 +191,7 @@ def _runs_openai_triton_kernels(gpu_name: str) -> bool:
     and SM100") and Marlin below (vllm-project/vllm@007d500 ``quantization/mxfp4.py``); the GPU is known
     here by name only, so Hopper and data-centre Blackwell names select them.
     """
-    name = gpu_name.lower()
-    return any(part in name for part in HOPPER_OR_BLACKWELL_NAMES)
+    return hopper_or_blackwell(gpu_name) is True
 
 
 def _dense_mlp_width(arch: Architecture) -> int:

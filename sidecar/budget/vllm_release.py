@@ -59,8 +59,16 @@ NON_TORCH_BYTES: Final = 256 * MIB
 """Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces): the
 "non-torch forward increase memory" vLLM 0.19 logs on the calibration table's TP 1 rows (0.24-0.27 GiB)."""
 TENSOR_PARALLEL_NON_TORCH_BYTES: Final = 1850 * MIB
-"""What TP >= 2 adds from 0.11 (NCCL and custom all-reduce buffers allocated during the profile): the same
-log line reads 2.06-2.07 GiB at TP 2 and 2.13 GiB at TP 4 on the table's vLLM 0.19 H100 rows."""
+"""What TP >= 2 adds from 0.11 on Hopper and data-centre Blackwell GPUs (communication buffers allocated in
+the profile): the same log line reads 2.06-2.07 GiB at TP 2 and 2.13 GiB at TP 4 on the table's vLLM 0.19
+H100 rows. Which buffers make it up is not pinned down, but every candidate exists only on compute capability
+9.0-10.x: torch symmetric-memory all-reduce, on by default from 0.11 (vllm-project/vllm PR #24111), disables
+itself on any capability outside ``SYMM_MEM_ALL_REDUCE_MAX_SIZES`` (keys 9.0, 10.0, 10.3, 10.7 in
+``distributed/device_communicators/all_reduce_utils.py``, ``SymmMemCommunicator`` in ``symm_mem.py``, read in
+0.32.0); FlashInfer's fused all-reduce has thresholds for 9.0 and 10.0 only (PR #24248); NCCL's NVLink SHARP
+needs Hopper's NVSwitch (PR #9699's measurements). The calibration table agrees: gpt-oss-20b at TP 2 on L4s
+(8.9, vLLM 0.29) lands at -20.8% with it and within 5% without it; A100 TP 2 rows (8.0, vLLM 0.10) fit
+without it."""
 DEFAULT_CUDA_GRAPH_BYTES: Final = 512 * MIB
 """CUDA-graph memory when not measured: about the median estimate in the calibration logs (0.3-0.65 GiB)."""
 
@@ -95,10 +103,14 @@ class VllmRelease:
         """0.92 from 0.20.0, else 0.9."""
         return 0.92 if self.at_least(20) else 0.9
 
-    def non_torch_bytes(self, tensor_parallel_size: int) -> int:
-        """Non-torch growth in the profile on one GPU: :data:`NON_TORCH_BYTES`, more at TP >= 2 from 0.11."""
-        extra = TENSOR_PARALLEL_NON_TORCH_BYTES if tensor_parallel_size > 1 and self.at_least(11) else 0
-        return NON_TORCH_BYTES + extra
+    def non_torch_bytes(self, tensor_parallel_size: int, *, hopper_or_blackwell: bool | None = None) -> int:
+        """Non-torch growth in the profile on one GPU: :data:`NON_TORCH_BYTES`, more at TP >= 2 from 0.11.
+
+        The TP figure applies on Hopper and data-centre Blackwell GPUs (``True``) and, as the larger and safer
+        reservation, on GPUs not known by name (``None``); not on older ones (``False``).
+        """
+        buffers = tensor_parallel_size > 1 and self.at_least(11) and hopper_or_blackwell is not False
+        return NON_TORCH_BYTES + (TENSOR_PARALLEL_NON_TORCH_BYTES if buffers else 0)
 
     def pool_tokens_are_concurrency_times_length(self, *, windowed: bool) -> bool:
         """Whether "KV cache size: N tokens" is ``max_concurrency x max_model_len``, not blocks x block size.

@@ -23,13 +23,14 @@ from sidecar.units import GIB
 
 DATA = Path(__file__).parents[1] / "data"
 ROWS: list[dict[str, Any]] = json.loads((DATA / "vllm-startup-logs" / "calibration.json").read_text())
-BOUNDS = {"median": 0.002, "p90": 0.09, "worst": 0.50}
+BOUNDS = {"median": 0.002, "p90": 0.06, "worst": 0.50}
 """Today's figures, rounded up: a change that makes predictions worse fails. On 44 rows the pool's median is
-0.09%, p90 8.5%, worst 49.6%, mean 2.9% (README, "Calibration against real start-up logs"). The targets (3%,
-10%, 20%) are met for the median and the p90. Four rows are beyond 10%: three gpt-oss-20b rows on an L4 (vLLM
-0.29) and an RTX 2000 Ada row; issue 12 stays open for them. The p90 was 15% on 33 rows before Llama 4 was read
-as transformers builds it, the RoPE table counted in the weights (Scout +35.9% -> +1.8%) and ten more rows of
-the llm-d sweep joined."""
+0.09%, p90 5.2%, worst 49.6%, mean 2.4% (README, "Calibration against real start-up logs"). The targets (3%,
+10%, 20%) are met for the median and the p90. Three rows are beyond 10%: two gpt-oss-20b rows at TP 1 on an L4
+(vLLM 0.29) and an RTX 2000 Ada row; issue 12 stays open for them. The p90 was 15% on 33 rows before Llama 4 was
+read as transformers builds it, the RoPE table counted in the weights (Scout +35.9% -> +1.8%) and ten more rows of
+the llm-d sweep joined, and 8.5% before the TP non-torch figure was limited to Hopper and Blackwell GPUs (the L4
+TP 2 row -20.8% -> -2.2%)."""
 
 
 def excluded(row: dict[str, Any]) -> str | None:

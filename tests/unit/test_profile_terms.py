@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, resolve_model
-from sidecar.budget.profile import estimate_activation_bytes, moe_workspace_bytes
+from sidecar.budget.profile import estimate_activation_bytes, hopper_or_blackwell, moe_workspace_bytes
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.units import GIB, MIB
 
@@ -111,16 +111,27 @@ def test_quantisation_leaves_the_embeddings_and_lm_head_in_16_bit(dtype: str, pe
 
 
 @pytest.mark.parametrize(
-    ("version", "tp", "expected"),
+    ("version", "tp", "gpu", "expected"),
     [
-        ("0.19.0", 1, 256 * MIB),  # vLLM 0.19 logs 0.24-0.27 GiB at TP 1
-        ("0.19.0", 2, 256 * MIB + 1850 * MIB),  # 2.06-2.07 GiB at TP 2
-        ("0.19.0", 4, 256 * MIB + 1850 * MIB),  # 2.13 GiB at TP 4
-        ("0.10.1", 2, 256 * MIB),  # before 0.11 TP adds nothing the profile sees
+        ("0.19.0", 1, "NVIDIA H100 80GB", 256 * MIB),  # vLLM 0.19 logs 0.24-0.27 GiB at TP 1
+        ("0.19.0", 2, "NVIDIA H100 80GB", 256 * MIB + 1850 * MIB),  # 2.06-2.07 GiB at TP 2
+        ("0.19.0", 4, "NVIDIA H100 80GB", 256 * MIB + 1850 * MIB),  # 2.13 GiB at TP 4
+        ("0.32.0", 8, "NVIDIA B200", 256 * MIB + 1850 * MIB),
+        ("0.10.1", 2, "NVIDIA H100 80GB", 256 * MIB),  # before 0.11 TP adds nothing the profile sees
+        ("0.29.0", 2, "NVIDIA L4", 256 * MIB),  # capability 8.9: no symmetric-memory all-reduce
+        ("0.32.0", 4, "NVIDIA A100 80GB", 256 * MIB),  # 8.0
+        ("0.32.0", 2, "NVIDIA RTX PRO 6000 Blackwell", 256 * MIB),  # 12.0 is not in vLLM's tables
+        ("0.32.0", 2, "custom", 256 * MIB + 1850 * MIB),  # unknown: the larger, safer reservation
     ],
 )
-def test_non_torch_memory_by_release_and_tensor_parallel_size(version: str, tp: int, expected: int) -> None:
-    assert VllmRelease.parse(version).non_torch_bytes(tp) == expected
+def test_non_torch_memory_by_release_tensor_parallel_size_and_gpu(
+    version: str, tp: int, gpu: str, expected: int
+) -> None:
+    release = VllmRelease.parse(version)
+    assert release.non_torch_bytes(tp, hopper_or_blackwell=hopper_or_blackwell(gpu)) == expected
+    arch = _config("meta-llama--Llama-3.1-8B-Instruct.json").architecture
+    request = PlanRequest(arch, 80 * GIB, gpu=gpu, tensor_parallel_size=tp, vllm_version=version)
+    assert build_ledger(request).profile["non_torch"] == expected
 
 
 def test_a_moe_models_dense_layers_and_shared_experts_size_its_forward() -> None:
