@@ -71,7 +71,7 @@ MXFP4_INTERMEDIATE_ALIGNMENT: Final = 128
 HOPPER_OR_BLACKWELL_NAMES: Final = ("h100", "h200", "h800", "h20", "gh200", "b100", "b200", "gb200", "b300")
 """GPU names of compute capability 9.0-10.x (see :func:`hopper_or_blackwell`)."""
 OLDER_OR_WORKSTATION_NAMES: Final = (
-    "a100", "a10", "a30", "a40", "a16", "a2", "a6000", "a5000", "a4000", "l4", "l20", "v100", "t4", "p100",
+    "a100", "a10", "a30", "a40", "a16", "a6000", "a5000", "a4000", "l4", "l20", "v100", "t4", "p100",
     "rtx", "geforce", "quadro", "titan",
 )  # fmt: skip
 """GPU names of compute capability 7.x, 8.x or 12.x (Volta to Ada; RTX Blackwell is 12.0): none of them is
