@@ -130,6 +130,8 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "tensor_parallel_size": args.tensor_parallel_size,
         "pipeline_parallel_size": args.pipeline_parallel_size,
+        "data_parallel_size": args.data_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel,
         "block_size": args.block_size,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -188,6 +190,7 @@ def plan_inputs_from_args(args: argparse.Namespace, resolved: ResolvedModel | No
             concurrency=inputs.concurrency,
             tensor_parallel_size=inputs.tensor_parallel_size,
             pipeline_parallel_size=inputs.pipeline_parallel_size,
+            data_parallel_size=inputs.data_parallel_size,
         )
     return inputs
 

@@ -204,11 +204,15 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         help="pipeline stages, each of --tensor-parallel-size GPUs (default %(default)s)",
     )
     add(
-        "--block-size",
+        "--data-parallel-size",
         type=parse_positive_int,
-        default=default(DEFAULT_BLOCK_SIZE),
-        help="tokens per KV block",
+        default=default_of(PlanRequest, "data_parallel_size"),
+        help="vLLM engines of tensor x pipeline GPUs each, sharing a MoE's experts (default %(default)s)",
     )
+    expert_help = "vLLM --enable-expert-parallel: each GPU holds whole experts, not a slice of each"
+    add("--enable-expert-parallel", action="store_true", help=expert_help)
+    block_default = default(DEFAULT_BLOCK_SIZE)
+    add("--block-size", type=parse_positive_int, default=block_default, help="tokens per KV block")
     add(
         "--vllm-version",
         type=vllm_version,

@@ -23,7 +23,9 @@ one KV cache group's layers, half the layers of a model with one full and one sl
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent is replicated). **Pipeline parallelism** gives each stage its layers, and the pool is the
-smallest stage's (:mod:`sidecar.budget.pipeline`). Memory figures are per GPU; token counts are per engine.
+smallest stage's (:mod:`sidecar.budget.pipeline`). **Data parallelism** runs that many engines; each has
+its own pool, but a MoE model's experts are spread over all of their GPUs (:mod:`sidecar.budget.experts`).
+Memory figures are per GPU; token counts are per engine.
 
 **Weights and activation as vLLM profiles them** live in :mod:`sidecar.budget.profile`: vLLM's view
 subtracts the weights as loaded (quantisation leaves embeddings and LM head 16-bit; MXFP4 experts are
@@ -52,6 +54,7 @@ from sidecar.budget.dtypes import (
     normalise_dtype,
     weight_bytes_per_param,
 )
+from sidecar.budget.experts import ExpertPlacement, expert_placement
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import parameter_count
@@ -97,6 +100,8 @@ class PlanRequest:
     gpu_memory_utilization: float | None = None  # None: the release's default (0.9, or 0.92 from 0.20)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1  # stages, each its own GPU (or TP group): :mod:`sidecar.budget.pipeline`
+    data_parallel_size: int = 1  # engines; figures are per GPU and per engine (:mod:`sidecar.budget.experts`)
+    enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel: whole experts per GPU
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -117,6 +122,7 @@ class PlanRequest:
             "--concurrency": self.concurrency,
             "--tensor-parallel-size": self.tensor_parallel_size,
             "--pipeline-parallel-size": self.pipeline_parallel_size,
+            "--data-parallel-size": self.data_parallel_size,
             "--block-size": self.block_size,
             "--max-model-len": self.max_model_len or 1,
             "--max-num-seqs": self.max_num_seqs or 1,
@@ -169,6 +175,17 @@ class PlanRequest:
     def release(self) -> VllmRelease:
         """The vLLM release whose rules apply."""
         return VllmRelease.parse(self.vllm_version)
+
+    @property
+    def experts(self) -> ExpertPlacement | None:
+        """How one GPU holds the routed experts, ``None`` for a dense model."""
+        moe = self.architecture.moe
+        if moe is None:
+            return None
+        return expert_placement(
+            moe.num_experts, self.tensor_parallel_size, self.data_parallel_size,
+            expert_parallel=self.enable_expert_parallel,
+        )  # fmt: skip
 
     @property
     def effective_gpu_memory_utilization(self) -> float:

@@ -87,21 +87,22 @@ models whose sampler pass dominates): workspaces the first forward allocates and
 hidden states, alive while the sampler runs. Measured, not read in source."""
 
 
-def _mxfp4_padded_sizes(hidden_size: int, expert_width: int, tensor_parallel_size: int) -> tuple[int, int]:
+def _mxfp4_padded_sizes(hidden_size: int, expert_width: int, width_shards: int) -> tuple[int, int]:
     """``(hidden, per-GPU expert width)`` of MXFP4 experts as vLLM stores them: padded to its tiles."""
-    per_gpu = math.ceil(expert_width / tensor_parallel_size)
+    per_gpu = math.ceil(expert_width / width_shards)
     return _round_up(hidden_size, MXFP4_HIDDEN_ALIGNMENT), _round_up(per_gpu, MXFP4_INTERMEDIATE_ALIGNMENT)
 
 
-def _mxfp4_expert_bytes_per_gpu(arch: Architecture, tensor_parallel_size: int) -> float:
+def _mxfp4_expert_bytes_per_gpu(request: PlanRequest) -> float:
     """MXFP4 experts on one GPU as vLLM stores them (see :func:`_mxfp4_padded_sizes`)."""
+    arch, placement = request.architecture, request.experts
     moe = arch.moe
-    if moe is None:
+    if moe is None or placement is None:
         return 0.0
     hidden, intermediate = _mxfp4_padded_sizes(
-        arch.hidden_size, moe.expert_intermediate_size, tensor_parallel_size
+        arch.hidden_size, moe.expert_intermediate_size, placement.width_shards
     )
-    per_layer = moe.num_experts * 3 * hidden * intermediate
+    per_layer = placement.experts_per_gpu * 3 * hidden * intermediate
     return per_layer * moe.moe_layer_count(arch.num_layers) * weight_bytes_per_param("mxfp4")
 
 
@@ -109,14 +110,27 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _experts_on_one_gpu(request: PlanRequest) -> tuple[int, float]:
+    """``(routed expert parameters, the share of them one GPU holds)``: :mod:`sidecar.budget.experts`."""
+    arch, placement = request.architecture, request.experts
+    if arch.moe is None or placement is None:
+        return 0, 0.0
+    return expert_parameter_count(arch), placement.share_of_experts(arch.moe.num_experts)
+
+
 def paper_weights_per_gpu(request: PlanRequest, params: int) -> int:
-    """The seeds' weights on one GPU: every parameter at the dtype's bytes (MXFP4: the experts only)."""
+    """The seeds' weights on one GPU: every parameter at the dtype's bytes (MXFP4: the experts only).
+
+    Attention and embeddings are split over the engine's tensor-parallel GPUs, the routed experts over
+    every GPU of every data-parallel engine (:mod:`sidecar.budget.experts`).
+    """
     dtype, tp = request.effective_weight_dtype, request.tensor_parallel_size
+    experts, share = _experts_on_one_gpu(request)
     if dtype == "mxfp4":
-        experts = expert_parameter_count(request.architecture)
-        quantised = experts * weight_bytes_per_param("mxfp4")
-        return round((quantised + (params - experts) * weight_bytes_per_param("bf16")) / tp)
-    return round(params * weight_bytes_per_param(dtype) / tp)
+        quantised = experts * weight_bytes_per_param("mxfp4") * share
+        return round(quantised + (params - experts) * weight_bytes_per_param("bf16") / tp)
+    element = weight_bytes_per_param(dtype)
+    return round((params - experts) * element / tp + experts * element * share)
 
 
 def rope_cache_bytes(request: PlanRequest) -> int:
@@ -139,11 +153,13 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
     rope = rope_cache_bytes(request)
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
-        return rope + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(arch, tp))
+        return rope + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))
     if dtype in QUANTISED_DTYPES:  # linear layers only: the embeddings and the LM head stay 16-bit
-        embeddings = min(params, embedding_parameter_count(arch))
-        quantised = (params - embeddings) * weight_bytes_per_param(dtype)
-        return rope + round((quantised + embeddings * unquantised) / tp)
+        experts, share = _experts_on_one_gpu(request)
+        embeddings = min(params - experts, embedding_parameter_count(arch))
+        quantised = (params - experts - embeddings) * weight_bytes_per_param(dtype)
+        spread = experts * weight_bytes_per_param(dtype) * share
+        return rope + round((quantised + embeddings * unquantised) / tp + spread)
     return rope + paper_weights_per_gpu(request, params)
 
 
@@ -213,18 +229,18 @@ def moe_workspace_bytes(request: PlanRequest) -> int:
     Per token and routed expert: ``max(I, H) + max(2I, H)`` elements for the Triton experts
     (``TritonExperts.workspace_shapes``), ``max(2I, H) + I`` for Marlin's MXFP4 experts
     (``MarlinExperts.workspace_shapes``) and ``I`` for OpenAI's Triton MXFP4 experts on Hopper and Blackwell
-    (``OAITritonExperts.workspace_shapes``), with ``I`` the per-GPU expert size (padded for MXFP4);
-    0 for dense models.
+    (``OAITritonExperts.workspace_shapes``), with ``I`` the per-GPU expert size (padded for MXFP4), for
+    every data-parallel rank's batch (:mod:`sidecar.budget.experts`); 0 for dense models.
     """
-    arch, moe = request.architecture, request.architecture.moe
-    if moe is None:
+    arch, moe, placement = request.architecture, request.architecture.moe, request.experts
+    if moe is None or placement is None:
         return 0
-    tokens = request.effective_batch[0]
+    tokens = request.effective_batch[0] * placement.gathered_batches  # every data-parallel rank's batch
     hidden = arch.hidden_size
-    intermediate = math.ceil(moe.expert_intermediate_size / request.tensor_parallel_size)
+    intermediate = math.ceil(moe.expert_intermediate_size / placement.width_shards)
     if request.effective_weight_dtype == "mxfp4":
         hidden, intermediate = _mxfp4_padded_sizes(
-            arch.hidden_size, moe.expert_intermediate_size, request.tensor_parallel_size
+            arch.hidden_size, moe.expert_intermediate_size, placement.width_shards
         )
         if _runs_openai_triton_kernels(request.gpu):  # OAITritonExperts: one buffer of the activated output
             per_expert = intermediate

@@ -61,6 +61,8 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "async_scheduling": req.async_scheduling,
         "tensor_parallel_size": req.tensor_parallel_size,
         "pipeline_parallel_size": req.pipeline_parallel_size,
+        "data_parallel_size": req.data_parallel_size,
+        "enable_expert_parallel": req.enable_expert_parallel,
         "block_size": req.block_size,
         "max_num_seqs": req.effective_batch[1],
         "max_num_batched_tokens": req.effective_batch[0],
@@ -114,7 +116,9 @@ def render_table(ledger: Ledger, options: list[Option]) -> str:
         f"{req.model} on {req.gpu} ({format_gib(ledger.gpu_memory_bytes)}), "
         f"{req.concurrency} x {inputs['max_model_len']:,} tokens, weights {inputs['weight_dtype']}, "
         f"KV {req.kv_cache_dtype}, tensor parallel {req.tensor_parallel_size}"
-        + (f", pipeline parallel {req.pipeline_parallel_size}" if req.pipeline_parallel_size > 1 else ""),
+        + (f", pipeline parallel {req.pipeline_parallel_size}" if req.pipeline_parallel_size > 1 else "")
+        + (f", data parallel {req.data_parallel_size} (per engine)" if req.data_parallel_size > 1 else "")
+        + (", expert parallel" if req.enable_expert_parallel else ""),
         "",
         f"  {'weights':<28}{format_gib(ledger.weights_bytes):>14}   "
         f"({ledger.parameters / 1e9:.2f}B parameters)",

@@ -41,6 +41,8 @@ class PlanInputs:
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = default_of(PlanRequest, "tensor_parallel_size")
     pipeline_parallel_size: int = default_of(PlanRequest, "pipeline_parallel_size")
+    data_parallel_size: int = default_of(PlanRequest, "data_parallel_size")
+    enable_expert_parallel: bool = False
     block_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -103,6 +105,8 @@ def resolve_plan_request(
         or (engine.gpu_memory_utilization if engine else None),
         tensor_parallel_size=inputs.tensor_parallel_size,
         pipeline_parallel_size=inputs.pipeline_parallel_size,
+        data_parallel_size=inputs.data_parallel_size,
+        enable_expert_parallel=inputs.enable_expert_parallel,
         block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
         max_num_seqs=inputs.max_num_seqs,
         max_num_batched_tokens=inputs.max_num_batched_tokens,

@@ -87,7 +87,7 @@ def admission_pool(monitor: Monitor) -> PoolAnswer:
         return PoolAnswer(None, layout.why)
     return PoolAnswer(
         PoolView(
-            blocks=usable_blocks(ledger.kv_pool_blocks),
+            blocks=usable_blocks(ledger.kv_pool_blocks) * ledger.request.data_parallel_size,  # per engine
             block_size=block_size,
             source="prediction",
             layout=layout.layout,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                           "sidecar": {"gpu": "h100", "concurrency": 4}},
     "pipeline-parallel-2": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
                             "vllm": {"tensorParallelSize": 2, "pipelineParallelSize": 2}, "sidecar": {"gpu": "h100"}},
+    "moe-data-parallel": {"model": {"name": "Qwen/Qwen3-30B-A3B"},
+                          "vllm": {"dataParallelSize": 2, "enableExpertParallel": True}, "sidecar": {"gpu": "h100"}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
@@ -140,8 +143,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     sidecar_args = pods["kv-sidecar"]["args"]
     sidecar = flags(sidecar_args)
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
-                 "--tensor-parallel-size", "--pipeline-parallel-size", "--max-num-batched-tokens",
-                 "--block-size"):  # fmt: skip
+                 "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
+                 "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -150,7 +153,9 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     args = build_parser().parse_args(sidecar_args)  # the sidecar accepts every flag the chart renders
     assert args.command == "run"
     gpus = pods["vllm"]["resources"]["limits"]["nvidia.com/gpu"]
-    assert gpus == int(str(vllm["--tensor-parallel-size"])) * int(str(vllm["--pipeline-parallel-size"]))
+    assert gpus == math.prod(
+        int(str(vllm[f"--{kind}-parallel-size"])) for kind in ("tensor", "pipeline", "data")
+    )
 
 
 def test_prometheus_rule_is_the_alerts_file_and_dashboards_are_the_json() -> None:

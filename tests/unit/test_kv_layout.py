@@ -222,6 +222,30 @@ def test_the_predicted_pool_counts_vllms_blocks_of_one_group_each() -> None:
     assert answer.view.blocks == 15  # 16 of vLLM's blocks, one of them null
 
 
+def test_the_predicted_pool_of_data_parallel_engines_is_their_pools_summed() -> None:
+    """Each data-parallel engine has a pool of its own, as the engine's page counts them (``engine`` label)."""
+
+    def predicted(data_parallel_size: int) -> PoolView:
+        monitor = Monitor(
+            PlanInputs(
+                architecture=resolve_model("qwen2.5-7b"),
+                model="m",
+                gpu_memory_bytes=24 * GIB,
+                max_model_len=4096,
+                data_parallel_size=data_parallel_size,
+            ),
+            MonitorSettings(),
+            make_logger(io.StringIO()),
+        )
+        monitor.refresh(0.0)
+        answer = admission_pool(monitor)
+        assert answer.view is not None
+        return answer.view
+
+    one, three = predicted(1), predicted(3)
+    assert three.blocks == 3 * one.blocks  # a dense model: three engines alike
+
+
 def test_padding_layers_of_an_uneven_hybrid_cost_pool_blocks() -> None:
     """Gemma 3 4B: 5 full and 29 sliding layers make 1 + 6 groups of 5 (one layer of padding), as vLLM pads."""
     arch = resolve_model("gemma-3-4b")

@@ -69,6 +69,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.tensorParallelSize | quote }}
 - --pipeline-parallel-size
 - {{ .Values.vllm.pipelineParallelSize | quote }}
+- --data-parallel-size
+- {{ .Values.vllm.dataParallelSize | quote }}
+{{- if .Values.vllm.enableExpertParallel }}
+- --enable-expert-parallel
+{{- end }}
 {{- with .Values.vllm.maxNumBatchedTokens }}
 - --max-num-batched-tokens
 - {{ . | quote }}
@@ -116,6 +121,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.tensorParallelSize | quote }}
 - --pipeline-parallel-size
 - {{ .Values.vllm.pipelineParallelSize | quote }}
+- --data-parallel-size
+- {{ .Values.vllm.dataParallelSize | quote }}
+{{- if .Values.vllm.enableExpertParallel }}
+- --enable-expert-parallel
+{{- end }}
 {{- with .Values.vllm.maxNumBatchedTokens }}
 - --max-num-batched-tokens
 - {{ . | quote }}
