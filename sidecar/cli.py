@@ -190,7 +190,7 @@ def plan_inputs_from_args(args: argparse.Namespace, resolved: ResolvedModel | No
             concurrency=inputs.concurrency,
             tensor_parallel_size=inputs.tensor_parallel_size,
             pipeline_parallel_size=inputs.pipeline_parallel_size,
-            data_parallel_size=inputs.data_parallel_size,
+            data_parallel_size=inputs.data_parallel_size or 1,
         )
     return inputs
 

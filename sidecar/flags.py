@@ -206,8 +206,9 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     add(
         "--data-parallel-size",
         type=parse_positive_int,
-        default=default_of(PlanRequest, "data_parallel_size"),
-        help="vLLM engines of tensor x pipeline GPUs each, sharing a MoE's experts (default %(default)s)",
+        default=default(default_of(PlanRequest, "data_parallel_size")),
+        help="vLLM engines of tensor x pipeline GPUs each, sharing a MoE's experts (default 1; run: as many "
+        "as the page reports)",
     )
     expert_help = "vLLM --enable-expert-parallel: each GPU holds whole experts, not a slice of each"
     add("--enable-expert-parallel", action="store_true", help=expert_help)

@@ -113,6 +113,7 @@ class Monitor:
                 total,
                 engine_version=self.engine.version,
                 gpu_name=self.gpu.gpus[0].name if self.gpu.gpus else "nvml",
+                engine_count=len(snapshot.engines) if snapshot else None,  # data-parallel engines
             )
             ledger = build_ledger(request) if request and request != self.request else self.ledger
             error: str | None = None

@@ -41,7 +41,7 @@ class PlanInputs:
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = default_of(PlanRequest, "tensor_parallel_size")
     pipeline_parallel_size: int = default_of(PlanRequest, "pipeline_parallel_size")
-    data_parallel_size: int = default_of(PlanRequest, "data_parallel_size")
+    data_parallel_size: int | None = None  # None: the engines vLLM's page labels (``engine``), else 1
     enable_expert_parallel: bool = False
     block_size: int | None = None
     max_num_seqs: int | None = None
@@ -79,6 +79,7 @@ def resolve_plan_request(
     *,
     engine_version: str | None = None,
     gpu_name: str = "nvml",
+    engine_count: int | None = None,
 ) -> PlanRequest | None:
     """The request to predict with, or ``None`` when there is not enough to predict."""
     if inputs.architecture is None:
@@ -105,7 +106,7 @@ def resolve_plan_request(
         or (engine.gpu_memory_utilization if engine else None),
         tensor_parallel_size=inputs.tensor_parallel_size,
         pipeline_parallel_size=inputs.pipeline_parallel_size,
-        data_parallel_size=inputs.data_parallel_size,
+        data_parallel_size=inputs.data_parallel_size or engine_count or 1,
         enable_expert_parallel=inputs.enable_expert_parallel,
         block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
         max_num_seqs=inputs.max_num_seqs,

@@ -246,6 +246,31 @@ def test_the_predicted_pool_of_data_parallel_engines_is_their_pools_summed() -> 
     assert three.blocks == 3 * one.blocks  # a dense model: three engines alike
 
 
+def test_run_plans_as_many_data_parallel_engines_as_the_page_reports() -> None:
+    """Without ``--data-parallel-size``, ``run`` takes the engines vLLM's page labels (``engine="0"``, ``"1"``)."""
+    page = HYBRID_PAGE.read_text()
+    two = page + "\n".join(
+        line.replace('engine="0"', 'engine="1"')
+        for line in page.splitlines()
+        if line.startswith(("vllm:kv_cache_usage_perc", "vllm:num_requests_running"))
+    )
+    for flag, expected in ((None, 2), (1, 1), (4, 4)):
+        monitor = Monitor(
+            PlanInputs(
+                architecture=architecture_from_config(json.loads(HYBRID_CONFIG.read_text())),
+                model="tiny",
+                gpu_memory_bytes=24 * GIB,
+                max_model_len=1024,
+                data_parallel_size=flag,
+            ),
+            MonitorSettings(),
+            make_logger(io.StringIO()),
+        )
+        monitor.record_success(parse_vllm_metrics(two + "\n"), now=0.0)
+        assert monitor.request is not None
+        assert monitor.request.data_parallel_size == expected, flag
+
+
 def test_padding_layers_of_an_uneven_hybrid_cost_pool_blocks() -> None:
     """Gemma 3 4B: 5 full and 29 sliding layers make 1 + 6 groups of 5 (one layer of padding), as vLLM pads."""
     arch = resolve_model("gemma-3-4b")
