@@ -11,7 +11,7 @@ import pytest
 from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, Steps
 from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout, engine_blocks_per_request, resolve_layout
 from sidecar.admission.prefix_cache import prompt_hashes
-from sidecar.budget.architecture import LayerKind, architecture_from_config
+from sidecar.budget.architecture import Architecture, LayerKind, architecture_from_config
 from sidecar.budget.catalog import resolve_model
 from sidecar.budget.kv_groups import KvGroups, kv_groups, sliding_window_blocks
 from sidecar.budget.ledger import PlanRequest, build_ledger
@@ -222,21 +222,19 @@ def test_the_predicted_pool_counts_vllms_blocks_of_one_group_each() -> None:
     assert answer.view.blocks == 15  # 16 of vLLM's blocks, one of them null
 
 
+def _data_parallel_monitor(architecture: Architecture, max_model_len: int, engines: int | None) -> Monitor:
+    inputs = PlanInputs(
+        architecture=architecture, gpu_memory_bytes=24 * GIB, max_model_len=max_model_len,
+        data_parallel_size=engines,
+    )  # fmt: skip
+    return Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+
+
 def test_the_predicted_pool_of_data_parallel_engines_is_their_pools_summed() -> None:
     """Each data-parallel engine has a pool of its own, as the engine's page counts them (``engine`` label)."""
 
     def predicted(data_parallel_size: int) -> PoolView:
-        monitor = Monitor(
-            PlanInputs(
-                architecture=resolve_model("qwen2.5-7b"),
-                model="m",
-                gpu_memory_bytes=24 * GIB,
-                max_model_len=4096,
-                data_parallel_size=data_parallel_size,
-            ),
-            MonitorSettings(),
-            make_logger(io.StringIO()),
-        )
+        monitor = _data_parallel_monitor(resolve_model("qwen2.5-7b"), 4096, data_parallel_size)
         monitor.refresh(0.0)
         answer = admission_pool(monitor)
         assert answer.view is not None
@@ -255,16 +253,8 @@ def test_run_plans_as_many_data_parallel_engines_as_the_page_reports() -> None:
         if line.startswith(("vllm:kv_cache_usage_perc", "vllm:num_requests_running"))
     )
     for flag, expected in ((None, 2), (1, 1), (4, 4)):
-        monitor = Monitor(
-            PlanInputs(
-                architecture=architecture_from_config(json.loads(HYBRID_CONFIG.read_text())),
-                model="tiny",
-                gpu_memory_bytes=24 * GIB,
-                max_model_len=1024,
-                data_parallel_size=flag,
-            ),
-            MonitorSettings(),
-            make_logger(io.StringIO()),
+        monitor = _data_parallel_monitor(
+            architecture_from_config(json.loads(HYBRID_CONFIG.read_text())), 1024, flag
         )
         monitor.record_success(parse_vllm_metrics(two + "\n"), now=0.0)
         assert monitor.request is not None
