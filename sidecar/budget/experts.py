@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 Attention, embeddings and the LM head are sharded over one engine's tensor-parallel group only; the routed
 experts are not. ``FusedMoEParallelConfig.make`` (``vllm/model_executor/layers/fused_moe/config.py``, read
-in 0.32.0) flattens the tensor-parallel group across
-the data-parallel ranks, so with ``--data-parallel-size D`` and ``--tensor-parallel-size T``:
+in 0.32.0) flattens the tensor-parallel group across the data-parallel ranks, so with
+``--data-parallel-size D`` and ``--tensor-parallel-size T``:
 
 * without ``--enable-expert-parallel`` every expert's intermediate width is split ``D x T`` ways ("There
   are 2 engine instances and the tensors are sharded across 4 devices");
