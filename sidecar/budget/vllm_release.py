@@ -41,7 +41,7 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
 * **Non-torch memory** is about 0.25 GiB per GPU at TP 1 and grows by about 1.8 GiB at TP >= 2 from 0.11
   on Hopper and data-centre Blackwell GPUs (communication buffers that exist only on compute capability
   9.0-10.x): figures read off the "non-torch forward increase memory" that the calibration table's vLLM 0.19
-  H100 logs print, not derived from source; the GPU gate is (:data:`NON_TORCH_BYTES`,
+  H100 logs print, not derived from source; the GPU gate is read in source (:data:`NON_TORCH_BYTES`,
   :data:`TENSOR_PARALLEL_NON_TORCH_BYTES`).
 """
 
