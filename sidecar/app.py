@@ -31,7 +31,7 @@ from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.outputs import OutputSettings
-from sidecar.admission.pressure import PressureDetector, PressureSettings, Staleness
+from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, Staleness
 from sidecar.admission.retry import clamp_retry_after
 from sidecar.admission.tokens import TokenCounter, load_counter
 from sidecar.budget.catalog import ResolvedModel
@@ -202,6 +202,17 @@ class SidecarApp:
         if self._scraper is not None:
             self._scraper.scrape_soon(delay)
 
+    def _calm(self) -> bool:
+        """Usage below the release threshold, no pressure, nothing queued that a scrape could let in."""
+        snapshot = self._engine_snapshot()
+        usage = None if snapshot is None else snapshot.kv_usage
+        if usage is None or usage >= self.options.pressure.release_threshold:
+            return False
+        if self.controller.pressure_state(self.clock()) is not PressureState.NORMAL:
+            return False
+        waiting = {lane: len(queue) for lane, queue in self.controller.queues.items()}
+        return self.controller.planner.waits_only_for_sequences(waiting)
+
     def _engine_retry_after(self) -> int:
         delay = self._scraper.next_delay() if self._scraper else self.options.scrape.interval
         return clamp_retry_after(delay)
@@ -272,6 +283,7 @@ class SidecarApp:
             clock=self.clock,
             nvml=self.nvml,
             on_round=self._after_scrape,
+            calm=self._calm,
         )
         admin = build_admin_app(
             self.monitor,

@@ -84,6 +84,13 @@ def build_parser() -> Parser:
         help="default %(default)ss (minimum 50ms)",
     )
     run.add_argument(
+        "--calm-scrape-interval",
+        type=scrape_interval,
+        default=default_of(ScrapeSettings, "calm_interval"),
+        help="while nothing waits here for KV blocks and usage is below the release threshold "
+        "(default %(default)ss; never below --scrape-interval)",
+    )
+    run.add_argument(
         "--stale-policy",
         type=choice(*StaleMode),
         default=default_of(Staleness, "policy").value,
@@ -238,6 +245,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         proxy=not args.no_proxy,
         scrape=ScrapeSettings(
             interval=args.scrape_interval,
+            calm_interval=args.calm_scrape_interval,
             timeout=args.scrape_timeout,
             engine=engine_kind(args.engine),
             metrics_url=args.engine_metrics,

@@ -11,7 +11,7 @@ wires to what vLLM reports (``cache_config_info``, ``/v1/models``) or, before th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import TRANSIT_SECONDS, CapacityLedger, Demand, PoolView
@@ -199,6 +199,18 @@ class CapacityPlanner:
         if lane is Lane.LONG and shorts_waiting and limit > 1:
             limit -= 1
         return self.inflight_sequences + sequences <= limit + STAGED_SEQUENCES
+
+    def waits_only_for_sequences(self, waiting: Mapping[Lane, int]) -> bool:
+        """Whether no request queued here (``waiting``: how many per lane) could have a sequence slot.
+
+        Those wait for a release, which the proxy sees as a response ends: a scrape tells them nothing,
+        so the scraper may wait its calm interval. One that has a slot and still waits is held back by
+        blocks, pressure or the long lane's turn, which the next scrapes are what move.
+        """
+        shorts = waiting.get(Lane.SHORT, 0) > 0
+        return not any(
+            count and self.sequence_room(1, lane, shorts_waiting=shorts) for lane, count in waiting.items()
+        )
 
     # -- holdings ----------------------------------------------------------------------------------
 

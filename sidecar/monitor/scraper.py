@@ -3,7 +3,9 @@
 Each round fetches the page with a timeout, scans it (see :mod:`sidecar.signals`), reads NVML in
 a worker thread when enabled, and reports the outcome to the :class:`~sidecar.monitor.monitor.Monitor`
 with the injected clock's time. After a failure the next round waits
-``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``. Admission may ask for a
+``min(interval x 2^failures, max_backoff)``; a success returns to ``interval``, or to ``calm_interval`` while
+the injected ``calm`` predicate holds (nothing would learn from a page; each costs vLLM's API process ~10 ms),
+cut short to ``interval`` as soon as it stops holding. Admission may ask for a
 round sooner (:meth:`EngineScraper.scrape_soon`: when a waiting request would learn something), never
 sooner than :data:`SOONEST_SECONDS` after the last one asked, and not while failing. Durations, failures by
 reason and restarts go to a :class:`ScrapeRecorder` (Prometheus families in ``sidecar.server.metrics``);
@@ -68,6 +70,7 @@ class EngineScraper:
         clock: Callable[[], float] = time.monotonic,
         nvml: NvmlReader | None = None,
         on_round: Callable[[], None] | None = None,
+        calm: Callable[[], bool] | None = None,
     ) -> None:
         self._client = client
         self._base = upstream.rstrip("/")
@@ -78,6 +81,7 @@ class EngineScraper:
         self._nvml = nvml
         self._models_fetched = False
         self._on_round = on_round
+        self._calm = calm
         self._metrics_url = settings.metrics_url or f"{self._base}{settings.metrics_path()}"
         self._due: float | None = None  # when the next round should ask (set after each round)
         self._soon: float | None = None  # when admission wants a round, if sooner
@@ -164,11 +168,16 @@ class EngineScraper:
         self._monitor.record_success(snapshot, self._clock(), sampled_at=asked)
         return True
 
+    def calm(self) -> bool:
+        """Whether the ``calm`` predicate holds (never without one)."""
+        return self._calm is not None and self._calm()
+
     def next_delay(self) -> float:
-        """Seconds until the next round: the interval, or the backoff after failures."""
+        """Seconds until the next round: the interval (the calm one while calm), or the failures' backoff."""
         failures = self._monitor.engine.consecutive_failures
         if failures == 0:
-            return self._settings.interval
+            interval = self._settings.interval
+            return max(self._settings.calm_interval, interval) if self.calm() else interval
         backoff: float = self._settings.interval * 2.0**failures
         return min(backoff, max(self._settings.max_backoff, self._settings.interval))
 
@@ -194,10 +203,18 @@ class EngineScraper:
             self._woken.set()
 
     async def _sleep(self, delay: float) -> None:
-        """Until ``delay`` seconds have passed or a round asked for by :meth:`scrape_soon` is due."""
-        deadline = self._clock() + delay
+        """Until ``delay`` seconds have passed or a round asked for by :meth:`scrape_soon` is due.
+
+        A calm wait (longer than the interval, engine healthy) is looked at again every interval and ends
+        at the interval once the sidecar is no longer calm, so a burst is not read a second late.
+        """
+        begun = self._clock()
+        interval = self._settings.interval
         while True:
-            target = deadline
+            target = begun + delay
+            healthy = self._monitor.engine.consecutive_failures == 0
+            if delay > interval and healthy and not self.calm():
+                target = begun + interval
             if self._soon is not None and self._monitor.engine.consecutive_failures == 0:
                 target = min(target, max(self._soon, self._asked + SOONEST_SECONDS))
             remaining = target - self._clock()
@@ -205,7 +222,7 @@ class EngineScraper:
                 return
             self._woken.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(min(remaining, interval)):
                     await self._woken.wait()
 
     async def run(self) -> None:

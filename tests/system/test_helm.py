@@ -325,6 +325,7 @@ SIDECAR_SETTINGS = {  # chart value -> the flag it passes; null in values.yaml: 
     ("admission", "stalePolicy"): ("--stale-policy", "closed"),
     ("maxBodyBytes",): ("--max-body-bytes", "1MiB"),
     ("scrapeInterval",): ("--scrape-interval", "500ms"),
+    ("calmScrapeInterval",): ("--calm-scrape-interval", "2s"),
     ("logLevel",): ("--log-level", "debug"),
 }
 

@@ -6,7 +6,8 @@ import pytest
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import TRANSIT_SECONDS, PoolView
-from sidecar.admission.planner import ENTRY_SECONDS, SHORT_HEADROOM_SECONDS, CapacityPlanner
+from sidecar.admission.outcomes import Lane
+from sidecar.admission.planner import ENTRY_SECONDS, SHORT_HEADROOM_SECONDS, STAGED_SEQUENCES, CapacityPlanner
 
 POOL = PoolView(blocks=15, block_size=128)
 
@@ -65,3 +66,30 @@ def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_re
     # the second long fits once the first is 115 steps along (test_capacity): 15 more steps, 37.5 ms at 400/s
     assert planner.scrape_wanted(10.31, [head]) == pytest.approx(15 / 400)
     assert planner.scrape_wanted(10.31, [(facts(24, 16), (), False)]) is None  # a short one fits already
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "waiting", "only_sequences"),
+    [
+        (0, {}, True),  # nobody waits: nothing for a scrape to tell
+        (
+            0,
+            {Lane.SHORT: 1},
+            False,
+        ),  # nothing in flight: a waiting request has a slot, so blocks hold it back
+        (4, {Lane.SHORT: 3}, False),  # 4 + 1 <= 4 + STAGED_SEQUENCES: a slot is free
+        (5, {Lane.SHORT: 3}, True),  # every slot taken: only a release lets the next in
+        (4, {Lane.LONG: 1, Lane.SHORT: 1}, False),  # the short one has the slot the long one must leave it
+        (4, {Lane.LONG: 2}, False),  # no short waits, so the long one may take the last slot
+        (5, {Lane.LONG: 1, Lane.SHORT: 0}, True),
+    ],
+)
+def test_requests_waiting_only_for_a_sequence_slot_need_no_scrape(
+    in_flight: int, waiting: dict[Lane, int], only_sequences: bool
+) -> None:
+    """Calm scraping (``ScrapeSettings.calm_interval``) rests on this: a slot frees when a response ends."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024, max_num_seqs=lambda: 4)
+    for _ in range(in_flight):
+        planner.hold(facts(24, 16), (), 0.0, in_ledger=True)
+    assert STAGED_SEQUENCES == 1
+    assert planner.waits_only_for_sequences(waiting) is only_sequences

@@ -198,6 +198,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --scrape-interval
 - {{ . | quote }}
 {{- end }}
+{{- with .Values.sidecar.calmScrapeInterval }}
+- --calm-scrape-interval
+- {{ . | quote }}
+{{- end }}
 - --drain-timeout
 - {{ .Values.sidecar.drainTimeout | quote }}
 {{- with .Values.sidecar.logLevel }}

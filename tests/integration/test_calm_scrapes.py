@@ -1,0 +1,34 @@
+"""The sidecar scrapes vLLM at its calm interval while KV usage is low and nothing waits for blocks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sidecar.monitor.scraper import ScrapeSettings
+from tests.fake_vllm import FakeVllm
+from tests.integration.conftest import start_sidecar
+
+SETTINGS = ScrapeSettings(interval=0.05, calm_interval=0.4, timeout=0.5, max_backoff=0.2)
+
+
+async def _pages_in(fake: FakeVllm, seconds: float) -> int:
+    before = fake.state.metrics_requests
+    await asyncio.sleep(seconds)
+    return fake.state.metrics_requests - before
+
+
+async def test_low_usage_is_scraped_at_the_calm_interval_and_high_usage_at_the_interval(
+    fake_vllm: FakeVllm,
+) -> None:
+    fake_vllm.state.set_kv_usage(0.1)
+    running = await start_sidecar(fake_vllm.url, scrape=SETTINGS)
+    try:
+        await asyncio.sleep(0.2)  # the first round has read the low usage
+        calm = await _pages_in(fake_vllm, 1.2)
+        fake_vllm.state.set_kv_usage(0.9)  # above the release threshold (0.80): pages matter again
+        await asyncio.sleep(0.5)  # the next calm round reads it
+        busy = await _pages_in(fake_vllm, 1.0)
+    finally:
+        await running.app.stop()
+    assert calm <= 4  # every 0.4 s, where the interval would have asked ~24 times
+    assert busy >= 8  # every 0.05 s (slack for a loaded CI machine)
