@@ -18,8 +18,16 @@ from tests.fake_vllm import PRESSURE_PAGE, page
 from tests.unit.test_scrape_lateness import Recorder
 
 
-async def _rounds(*, failing: bool, asks: list[float]) -> list[float]:
-    """When the rounds of a scraper with a 10 s interval asked, over 0.5 s, with ``scrape_soon`` asked at ``asks``."""
+async def _rounds(
+    *,
+    failing: bool = False,
+    asks: tuple[float, ...] = (),
+    settings: ScrapeSettings | None = None,
+    calm_until: float = 0.0,
+    over: float = 0.5,
+) -> list[float]:
+    """When a scraper's rounds asked, over ``over`` s (10 s interval unless ``settings``), with ``scrape_soon``
+    asked at ``asks`` and its ``calm`` predicate true until ``calm_until`` s."""
     monitor = Monitor(PlanInputs(), MonitorSettings(), make_logger(io.StringIO()))
     text = page(PRESSURE_PAGE)
     asked: list[float] = []
@@ -31,72 +39,55 @@ async def _rounds(*, failing: bool, asks: list[float]) -> list[float]:
             return httpx.Response(500 if failing else 200, text=text)
         return httpx.Response(200, text="{}")
 
+    def calm() -> bool:
+        return time.monotonic() - start < calm_until
+
     async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
         scraper = EngineScraper(
-            client, "http://engine", monitor, Recorder(), settings=ScrapeSettings(interval=10.0)
-        )
+            client, "http://engine", monitor, Recorder(),
+            settings=settings or ScrapeSettings(interval=10.0), calm=calm,
+        )  # fmt: skip
         task = asyncio.create_task(scraper.run())
         for at in asks:
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
             scraper.scrape_soon(0.0)
-        await asyncio.sleep(max(0.0, start + 0.5 - time.monotonic()))
+        await asyncio.sleep(max(0.0, start + over - time.monotonic()))
         task.cancel()
     return asked
 
 
 async def test_a_round_asked_for_comes_before_the_interval() -> None:
-    asked = await _rounds(failing=False, asks=[0.2])
+    asked = await _rounds(failing=False, asks=(0.2,))
     assert len(asked) == 2
     assert 0.2 <= asked[1] < 0.3
 
 
 async def test_rounds_asked_for_are_never_closer_than_the_soonest_gap() -> None:
-    asked = await _rounds(failing=False, asks=[0.0, 0.01, 0.02, 0.3])
+    asked = await _rounds(failing=False, asks=(0.0, 0.01, 0.02, 0.3))
     assert len(asked) == 3  # the first round, one for the three asks just after it, one for the ask at 0.3 s
     assert asked[1] - asked[0] >= SOONEST_SECONDS * 0.99
     assert asked[2] >= 0.3
 
 
 async def test_a_failing_engine_keeps_its_backoff() -> None:
-    asked = await _rounds(failing=True, asks=[0.1, 0.2, 0.3])
+    asked = await _rounds(failing=True, asks=(0.1, 0.2, 0.3))
     assert len(asked) == 1
 
 
-async def _calm_rounds(settings: ScrapeSettings, calm_until: float, over: float) -> list[float]:
-    """When the rounds asked, over ``over`` s, with the ``calm`` predicate true until ``calm_until`` s."""
-    monitor = Monitor(PlanInputs(), MonitorSettings(), make_logger(io.StringIO()))
-    text = page(PRESSURE_PAGE)
-    asked: list[float] = []
-    start = time.monotonic()
-
-    async def engine(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            asked.append(time.monotonic() - start)
-        return httpx.Response(200, text=text if request.url.path == "/metrics" else "{}")
-
-    def calm() -> bool:
-        return time.monotonic() - start < calm_until
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
-        scraper = EngineScraper(client, "http://engine", monitor, Recorder(), settings=settings, calm=calm)
-        task = asyncio.create_task(scraper.run())
-        await asyncio.sleep(over)
-        task.cancel()
-    return asked
-
-
 async def test_a_calm_sidecar_scrapes_at_the_calm_interval() -> None:
-    asked = await _calm_rounds(ScrapeSettings(interval=0.05, calm_interval=0.3), calm_until=10.0, over=0.75)
+    asked = await _rounds(
+        settings=ScrapeSettings(interval=0.05, calm_interval=0.3), calm_until=10.0, over=0.75
+    )
     assert len(asked) == 3  # at 0, 0.3 and 0.6 s, where 0.05 s would have asked 15 times
     assert asked[1] >= 0.29
 
 
 async def test_a_calm_wait_ends_at_the_interval_once_calm_ends() -> None:
-    asked = await _calm_rounds(ScrapeSettings(interval=0.05, calm_interval=10.0), calm_until=0.2, over=0.5)
+    asked = await _rounds(settings=ScrapeSettings(interval=0.05, calm_interval=10.0), calm_until=0.2)
     assert len(asked) >= 4  # the first round, then every 0.05 s from ~0.2 s on
     assert 0.2 <= asked[1] < 0.32  # not 10 s later: the wait is looked at again every interval
 
 
 async def test_the_calm_interval_is_never_shorter_than_the_interval() -> None:
-    asked = await _calm_rounds(ScrapeSettings(interval=0.2, calm_interval=0.05), calm_until=10.0, over=0.5)
+    asked = await _rounds(settings=ScrapeSettings(interval=0.2, calm_interval=0.05), calm_until=10.0)
     assert len(asked) == 3  # at 0, 0.2 and 0.4 s
