@@ -47,6 +47,7 @@ class EngineState:
     version: str | None = None  # what GET /version says
 
     own_delay: float = 0.0  # seconds the sidecar itself asked late since the last good page
+    scrape_delay: float | None = None  # the wait before the next round: interval, calm interval or backoff
 
     def metrics_age(self, now: float) -> float | None:
         """Seconds since the last successful scrape, less the sidecar's own lateness in asking for the next.

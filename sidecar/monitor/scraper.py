@@ -187,7 +187,7 @@ class EngineScraper:
         A round that asks later than it was due was held up by the sidecar's own event loop; that lateness
         is not counted in the engine's metrics age (:meth:`EngineState.metrics_age`).
         """
-        delay = self.next_delay()
+        delay = self._monitor.engine.scrape_delay = self.next_delay()
         self._due = self._clock() + delay
         return delay
 

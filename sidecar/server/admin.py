@@ -95,6 +95,7 @@ def status_document(
             "metrics_age_seconds": finite(engine.metrics_age(now)),
             "last_error": engine.last_error,
             "consecutive_failures": engine.consecutive_failures,
+            "next_scrape_after_seconds": engine.scrape_delay,
             "kind": snapshot.kind.value if snapshot else None,
             "kv_cache_usage_ratio": snapshot.kv_usage if snapshot else None,
             "running": snapshot.running if snapshot else None,

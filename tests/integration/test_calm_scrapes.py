@@ -25,10 +25,14 @@ async def test_low_usage_is_scraped_at_the_calm_interval_and_high_usage_at_the_i
     try:
         await asyncio.sleep(0.2)  # the first round has read the low usage
         calm = await _pages_in(fake_vllm, 1.2)
+        calm_status = (await running.get("/status")).json()["engine"]
         fake_vllm.state.set_kv_usage(0.9)  # above the release threshold (0.80): pages matter again
         await asyncio.sleep(0.5)  # the next calm round reads it
         busy = await _pages_in(fake_vllm, 1.0)
+        busy_status = (await running.get("/status")).json()["engine"]
     finally:
         await running.app.stop()
+    assert calm_status["next_scrape_after_seconds"] == SETTINGS.calm_interval
+    assert busy_status["next_scrape_after_seconds"] == SETTINGS.interval
     assert calm <= 4  # every 0.4 s, where the interval would have asked ~24 times
     assert busy >= 8  # every 0.05 s (slack for a loaded CI machine)
