@@ -215,7 +215,7 @@ class EngineScraper:
             healthy = self._monitor.engine.consecutive_failures == 0
             if delay > interval and healthy and not self.calm():
                 target = begun + interval
-            if self._soon is not None and self._monitor.engine.consecutive_failures == 0:
+            if self._soon is not None and healthy:
                 target = min(target, max(self._soon, self._asked + SOONEST_SECONDS))
             remaining = target - self._clock()
             if remaining <= 0:
