@@ -203,15 +203,16 @@ class SidecarApp:
             self._scraper.scrape_soon(delay)
 
     def _calm(self) -> bool:
-        """Usage below the release threshold, no pressure, nothing queued that a scrape could let in."""
-        snapshot = self._engine_snapshot()
+        """Capacity admission (its ledger plans each peak), usage below the release threshold, no pressure."""
+        snapshot, now = self._engine_snapshot(), self.clock()
+        threshold = self.options.pressure.release_threshold
         usage = None if snapshot is None else snapshot.kv_usage
-        if usage is None or usage >= self.options.pressure.release_threshold:
-            return False
-        if self.controller.pressure_state(self.clock()) is not PressureState.NORMAL:
+        if usage is None or usage >= threshold or self.controller.policy() is not AdmissionMode.CAPACITY:
+            return False  # without the ledger (lanes, token-budget), nothing says usage will not climb
+        if self.controller.pressure_state(now) is not PressureState.NORMAL:
             return False
         waiting = {lane: len(queue) for lane, queue in self.controller.queues.items()}
-        return self.controller.planner.waits_only_for_sequences(waiting)
+        return self.controller.planner.scrape_can_wait(waiting)
 
     def _engine_retry_after(self) -> int:
         delay = self._scraper.next_delay() if self._scraper else self.options.scrape.interval

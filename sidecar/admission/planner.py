@@ -212,6 +212,15 @@ class CapacityPlanner:
             count and self.sequence_room(1, lane, shorts_waiting=shorts) for lane, count in waiting.items()
         )
 
+    def scrape_can_wait(self, waiting: Mapping[Lane, int]) -> bool:
+        """Whether a page could tell capacity admission nothing for a while (the scraper's calm interval).
+
+        Every queued request waits for a slot (:meth:`waits_only_for_sequences`), and the last gauge showed
+        nothing beyond the ledger: no client bypasses the sidecar, whose growth only a scrape would show.
+        What the sidecar admitted cannot overcommit the pool between scrapes; the ledger planned its peak.
+        """
+        return self.ledger.unexplained == 0 and self.waits_only_for_sequences(waiting)
+
     # -- holdings ----------------------------------------------------------------------------------
 
     def hold(self, facts: RequestFacts, hashes: Hashes, now: float, *, in_ledger: bool) -> int | None:

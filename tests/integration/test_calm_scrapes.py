@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.monitor.scraper import ScrapeSettings
 from tests.fake_vllm import FakeVllm
 from tests.integration.conftest import start_sidecar
@@ -20,7 +21,7 @@ async def _pages_in(fake: FakeVllm, seconds: float) -> int:
 async def test_low_usage_is_scraped_at_the_calm_interval_and_high_usage_at_the_interval(
     fake_vllm: FakeVllm,
 ) -> None:
-    fake_vllm.state.set_kv_usage(0.1)
+    fake_vllm.state.set_kv_usage(0.0)  # idle: nothing in use that the sidecar's ledger cannot explain
     running = await start_sidecar(fake_vllm.url, scrape=SETTINGS)
     try:
         await asyncio.sleep(0.2)  # the first round has read the low usage
@@ -36,3 +37,29 @@ async def test_low_usage_is_scraped_at_the_calm_interval_and_high_usage_at_the_i
     assert busy_status["next_scrape_after_seconds"] == SETTINGS.interval
     assert calm <= 4  # every 0.4 s, where the interval would have asked ~24 times
     assert busy >= 8  # every 0.05 s (slack for a loaded CI machine)
+
+
+async def test_without_the_capacity_ledger_the_interval_is_kept(fake_vllm: FakeVllm) -> None:
+    """Under ``lanes`` the sidecar plans no blocks, so nothing says usage will not climb: no calm interval."""
+    fake_vllm.state.set_kv_usage(0.0)
+    running = await start_sidecar(
+        fake_vllm.url, scrape=SETTINGS, admission=AdmissionConfig(mode=AdmissionMode.LANES)
+    )
+    try:
+        await asyncio.sleep(0.2)
+        pages = await _pages_in(fake_vllm, 1.0)
+    finally:
+        await running.app.stop()
+    assert pages >= 8
+
+
+async def test_usage_the_ledger_cannot_explain_keeps_the_interval(fake_vllm: FakeVllm) -> None:
+    """Blocks in use that the sidecar did not admit (a client bypassing it) can grow unseen: no calm interval."""
+    fake_vllm.state.set_kv_usage(0.3)  # the sidecar admitted nothing
+    running = await start_sidecar(fake_vllm.url, scrape=SETTINGS)
+    try:
+        await asyncio.sleep(0.2)
+        pages = await _pages_in(fake_vllm, 1.0)
+    finally:
+        await running.app.stop()
+    assert pages >= 8

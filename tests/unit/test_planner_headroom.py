@@ -93,3 +93,13 @@ def test_requests_waiting_only_for_a_sequence_slot_need_no_scrape(
         planner.hold(facts(24, 16), (), 0.0, in_ledger=True)
     assert STAGED_SEQUENCES == 1
     assert planner.waits_only_for_sequences(waiting) is only_sequences
+
+
+def test_a_scrape_can_wait_only_while_the_gauge_shows_nothing_beyond_the_ledger() -> None:
+    """A client bypassing the sidecar grows usage that only scrapes show: no calm interval then."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024, max_num_seqs=lambda: 4)
+    planner.hold(facts(600, 400), (), 0.0, in_ledger=True)
+    assert planner.scrape_can_wait({})
+    assert not planner.scrape_can_wait({Lane.SHORT: 1})  # a queued request has a slot
+    planner.ledger.unexplained = 2
+    assert not planner.scrape_can_wait({})
