@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.monitor.scraper import ScrapeSettings
 from tests.fake_vllm import FakeVllm
@@ -39,24 +41,18 @@ async def test_low_usage_is_scraped_at_the_calm_interval_and_high_usage_at_the_i
     assert busy >= 8  # every 0.05 s (slack for a loaded CI machine)
 
 
-async def test_without_the_capacity_ledger_the_interval_is_kept(fake_vllm: FakeVllm) -> None:
-    """Under ``lanes`` the sidecar plans no blocks, so nothing says usage will not climb: no calm interval."""
-    fake_vllm.state.set_kv_usage(0.0)
-    running = await start_sidecar(
-        fake_vllm.url, scrape=SETTINGS, admission=AdmissionConfig(mode=AdmissionMode.LANES)
-    )
-    try:
-        await asyncio.sleep(0.2)
-        pages = await _pages_in(fake_vllm, 1.0)
-    finally:
-        await running.app.stop()
-    assert pages >= 8
-
-
-async def test_usage_the_ledger_cannot_explain_keeps_the_interval(fake_vllm: FakeVllm) -> None:
-    """Blocks in use that the sidecar did not admit (a client bypassing it) can grow unseen: no calm interval."""
-    fake_vllm.state.set_kv_usage(0.3)  # the sidecar admitted nothing
-    running = await start_sidecar(fake_vllm.url, scrape=SETTINGS)
+@pytest.mark.parametrize(
+    ("usage", "mode"),
+    [
+        (0.0, AdmissionMode.LANES),  # nothing plans the pool, so nothing says usage will not climb
+        (0.3, AdmissionMode.CAPACITY),  # in use, yet the sidecar admitted nothing: a client bypassing it
+    ],
+)
+async def test_the_interval_is_kept_where_usage_could_climb_unseen(
+    fake_vllm: FakeVllm, usage: float, mode: AdmissionMode
+) -> None:
+    fake_vllm.state.set_kv_usage(usage)
+    running = await start_sidecar(fake_vllm.url, scrape=SETTINGS, admission=AdmissionConfig(mode=mode))
     try:
         await asyncio.sleep(0.2)
         pages = await _pages_in(fake_vllm, 1.0)
