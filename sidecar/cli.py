@@ -87,8 +87,8 @@ def build_parser() -> Parser:
         "--calm-scrape-interval",
         type=scrape_interval,
         default=default_of(ScrapeSettings, "calm_interval"),
-        help="while nothing waits here for KV blocks and usage is below the release threshold "
-        "(default %(default)ss; never below --scrape-interval)",
+        help="under capacity admission while nothing waits here for KV blocks and usage is below the release "
+        "threshold (default %(default)ss; never below --scrape-interval)",
     )
     run.add_argument(
         "--stale-policy",

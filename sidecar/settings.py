@@ -58,8 +58,9 @@ class ScrapeSettings:
 
     interval: float = 0.25  # each page costs vLLM ~15 ms of its API process: see the README (Design)
     calm_interval: float = 1.0
-    """Between rounds while the sidecar is calm (no request waits here for KV blocks, usage below the release
-    threshold, no pressure): a page then tells admission nothing, and costs vLLM's API process all the same.
+    """Between rounds while the sidecar is calm (capacity admission, usage below the release threshold and
+    none beyond its ledger, no pressure, queued requests waiting only for sequence slots:
+    ``SidecarApp._calm``): a page then tells admission nothing, and costs vLLM's API process all the same.
     Never below ``interval``."""
     timeout: float = 2.0
     max_backoff: float = 5.0
