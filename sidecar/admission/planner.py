@@ -145,13 +145,13 @@ class CapacityPlanner:
         (``heads``: each lane's next, with whether it leaves short requests room) waits for blocks, a
         scrape is wanted :data:`ENTRY_SECONDS` after each admission of a request certain to end that no
         scrape has shown yet (for :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`), and when the
-        engine, at its recent step rate, will have run the steps after which a head fits
+        engine, at its recent pace (:meth:`StepClock.pace`), will have run the steps after which a head fits
         (:meth:`CapacityLedger.steps_until_fit`). Between scrapes at the interval each waited half an
         interval on average: on the long-prompt spike ~70 engine steps per long request, 1.2x straight's
         time all told. Heads waiting for a sequence slot ask for nothing: a page costs vLLM's API process
         ~10 ms, and asked after every admission under sustained overload they slowed the engine itself.
         """
-        pool, rate, steps = self.pool(), self.steps.recent_rate, self.steps.bounds(now)
+        pool, rate, steps = self.pool(), self.steps.pace(), self.steps.bounds(now)
         if pool is None:
             return None
         blocked, wanted = False, list[float]()

@@ -84,6 +84,28 @@ def test_the_step_clock_never_lags_the_engine_and_never_runs_ahead_of_it() -> No
     assert clock.bounds(5.5) == Steps(low=10)
 
 
+@pytest.mark.parametrize(
+    ("scrapes", "pace"),
+    [
+        ([], 0.0),  # nothing read yet
+        ([(0.0, 1000)], 0.0),  # one scrape: no rate
+        ([(0.0, 1000), (0.25, 1075), (0.5, 1150), (0.55, 1150)], 150 / 0.55),  # a 50 ms pair saw no step
+        ([(0.0, 1000), (0.25, 1075), (0.5, 1150), (0.55, 1153)], 153 / 0.55),  # ...or only a few
+        ([(0.0, 1000), (0.25, 1075), (0.30, 1100)], 500.0),  # the last pair faster: it counts
+        ([(0.0, 0), (1.0, 300), (2.0, 900), (2.5, 1050)], 500.0),  # a window back: 1.0 -> 2.5 s
+        ([(0.0, 1000), (0.5, 1150), (1.0, 10), (1.25, 85)], 300.0),  # the engine restarted: counted anew
+    ],
+)
+def test_the_step_clock_paces_scrapes_by_a_window_not_by_the_last_pair(
+    scrapes: list[tuple[float, float]], pace: float
+) -> None:
+    """Two scrapes 50 ms apart may see no step at all (a long prefill): the next scrape must not wait for it."""
+    clock = StepClock()
+    for at, steps in scrapes:
+        clock.observe(at, steps)
+    assert clock.pace() == pytest.approx(pace)
+
+
 def test_the_release_rate_of_a_known_service_rate() -> None:
     rate = ReleaseRate()
     assert rate.per_second(0.0) is None

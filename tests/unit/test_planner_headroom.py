@@ -66,6 +66,9 @@ def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_re
     # the second long fits once the first is 115 steps along (test_capacity): 15 more steps, 37.5 ms at 400/s
     assert planner.scrape_wanted(10.31, [head]) == pytest.approx(15 / 400)
     assert planner.scrape_wanted(10.31, [(facts(24, 16), (), False)]) is None  # a short one fits already
+    planner.observe(10.35, 0.4, stale=False, steps=1100, waiting=0, running=1, sampled_at=10.35)  # no step
+    # still 15 steps to go, timed by the last 0.3 s (100 steps: 333/s), not by the last 50 ms (0/s: never)
+    assert planner.scrape_wanted(10.36, [head]) == pytest.approx(15 / (100 / 0.3))
 
 
 @pytest.mark.parametrize(
