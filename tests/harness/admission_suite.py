@@ -53,7 +53,7 @@ from typing import IO, Any
 
 import aiohttp
 
-from tests.harness.spike import RESULTS, _engine_sample, _fmt, wait_idle
+from tests.harness.spike import ENGINE_POLL_SECONDS, RESULTS, _engine_sample, _fmt, wait_idle
 from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python
 
 STOP_IDS = (11, 77, 131, 199, 263, 317, 401, 463)
@@ -236,7 +236,7 @@ async def run_once(
             while not stop.is_set():
                 usage, _, _ = await _engine_sample(session, engine)
                 peak_kv = max(peak_kv, usage or 0.0)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(ENGINE_POLL_SECONDS)
 
         async def watch_sidecar() -> None:
             nonlocal max_queue
