@@ -7,7 +7,8 @@ Theory of operation
 waiter into its lane's :class:`~sidecar.admission.queue.FairQueue` and awaits a future. Whenever
 something changes that could let a waiter in (a ticket released, a scrape), :meth:`dispatch` asks
 ``decide`` again about the head of each lane's queue and grants it while the answer is *admit*; the
-head blocks its lane, so nobody overtakes within a lane. Under the ``capacity`` policy the short
+head blocks its lane, so nobody overtakes within a lane, except a smaller request that cannot delay a
+head waiting for blocks (:mod:`sidecar.admission.backfill`). Under the ``capacity`` policy the short
 lane is served first (short requests are never stuck behind long ones), unless the long lane's
 head has waited ``long_wait_priority`` seconds: then it goes first and shorts wait behind it until
 it fits, so a stream of shorts cannot starve a long request.
@@ -35,6 +36,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from sidecar.admission.backfill import backfill_entry
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import PoolView
 from sidecar.admission.decide import (
@@ -139,13 +141,13 @@ class AdmissionController:
         """Admitted requests whose responses have not ended."""
         return sum(self.inflight.values())
 
-    def _view(
+    def view_of(
         self, waiter: Waiter, policy: AdmissionMode, now: float, *, as_head: bool = False
     ) -> AdmissionView:
+        """What ``decide`` sees of ``waiter`` (``as_head``: as the next of its lane, nobody before it)."""
         queue, capacity = self.queues[waiter.lane], policy is AdmissionMode.CAPACITY
-        leave_short_room = waiter.lane is Lane.LONG and not self._long_head_has_waited(now)
         fits = not capacity or self.planner.fits(
-            waiter.facts, waiter.hashes, now, leave_short_room=leave_short_room
+            waiter.facts, waiter.hashes, now, leave_short_room=self.leaves_short_room(waiter, now)
         )
         pool = self._pool()
         return AdmissionView(
@@ -169,11 +171,9 @@ class AdmissionController:
             ),
         )
 
-    def retry_after(
-        self, reason: Reason, lane: Lane, position: int | None = None, own_blocks: int = 0
-    ) -> int:
-        """The ``Retry-After`` seconds for a refusal (see :mod:`sidecar.admission.waits`)."""
-        return self.waits.retry_after(reason, lane, position, own_blocks)
+    def leaves_short_room(self, waiter: Waiter, now: float) -> bool:
+        """A long request leaves short ones room while no long one has waited its turn."""
+        return waiter.lane is Lane.LONG and not self._long_head_has_waited(now)
 
     # -- admission ---------------------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class AdmissionController:
         waiter = Waiter(facts, request, self.lane_of(facts), now, self.planner.hashes(facts))
         if waiter.lane is Lane.SHORT and policy is AdmissionMode.CAPACITY:
             self.planner.saw_short(facts, waiter.hashes, now)
-        decision = decide(request, self._view(waiter, policy, now), self.config)
+        decision = decide(request, self.view_of(waiter, policy, now), self.config)
         if decision.action is Action.ADMIT:
             return self._grant(waiter, 0.0, policy)
         if decision.action is Action.REFUSE:
@@ -291,9 +291,11 @@ class AdmissionController:
                 queue.remove(entry)
                 continue
             policy = self.policy()
-            view = self._view(waiter, policy, now, as_head=True)
+            view = self.view_of(waiter, policy, now, as_head=True)
             if decide(waiter.request, view, self.config).action != Action.ADMIT:
-                return waiter
+                if (entry := backfill_entry(self, queue, waiter, view, now)) is None:
+                    return waiter
+                waiter = entry.payload
             queue.take(entry)
             waited = self.now() - waiter.enqueued_at
             self.metrics.queue_wait(lane, waited)

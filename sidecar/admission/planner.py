@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import TRANSIT_SECONDS, CapacityLedger, Demand, PoolView
+from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand, PoolView, Steps
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import OutputLengths, OutputSettings
@@ -121,6 +121,39 @@ class CapacityPlanner:
         if leave_short_room and last is not None and now - last[0] <= SHORT_HEADROOM_SECONDS:
             return last[1]
         return 0
+
+    def backfill_allowed(
+        self, head: tuple[RequestFacts, Hashes, bool], candidate: tuple[RequestFacts, Hashes], now: float
+    ) -> bool:
+        """Whether ``candidate`` may start ahead of ``head`` (waiting for blocks) without starting it later.
+
+        Backfilling as batch schedulers do it (EASY backfilling): the head fits ``k`` engine steps from now
+        by the ledger (:meth:`CapacityLedger.steps_until_fit`); the candidate may go first when it is done
+        within ``k`` steps (its expectation is its bound, and its prefill, answer and :data:`ENTRY_STEPS` take
+        no more), or when the head still fits ``k`` steps from now with the candidate held as well, planned as
+        if it never ended. Without a known ``k`` nothing goes ahead. The caller checks that the candidate fits
+        now and leaves the head a sequence slot, so it starts at once. This decides an order, never safety:
+        the head is admitted later by :meth:`fits` on what the ledger then holds, so a candidate slower than
+        planned can delay it, never overcommit the pool.
+        """
+        pool, waiting, extra = self.pool(), self.demand(head[0], head[1]), self.demand(*candidate)
+        steps = self.steps.bounds(now)
+        if pool is None or waiting is None or extra is None or steps.low is None:
+            return False
+        room = self._short_room(now, leave_short_room=head[2])
+        ahead = self.ledger.steps_until_fit(waiting, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS)
+        if ahead is None:
+            return False
+        if extra.expected_output >= extra.output_bound and extra.lifetime + ENTRY_STEPS <= ahead:
+            return True
+        later = Steps(steps.low + ahead, None if steps.high is None else steps.high + ahead)
+        trial = self.ledger.add(extra, steps, now)
+        try:
+            return self.ledger.fits(waiting, pool, later, headroom=room, full_for=SHORT_WAIT_STEPS)
+        finally:
+            held = self.ledger.holdings.pop(trial)  # gone without a trace: not an ended request
+            self.ledger.shared.subtract(held.demand.all_hashes)
+            self.ledger.shared = +self.ledger.shared
 
     def saw_short(self, facts: RequestFacts, hashes: Hashes, now: float) -> None:
         """A short-lane request arrived: long ones leave its blocks free for a while."""

@@ -150,7 +150,7 @@ class Proxy:
             return RefusedError(
                 Reason.DRAINING,
                 "the sidecar is shutting down; retry on another replica",
-                retry_after=self.controller.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0),
+                retry_after=self.controller.waits.retry_after(Reason.QUEUE_TIMEOUT, Lane.SHORT, 0),
             )
         header_bytes = sum(map(len, itertools.chain.from_iterable(request.raw_headers)))
         limit = self.settings.limits.max_header_bytes
