@@ -7,7 +7,13 @@ import pytest
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.capacity import TRANSIT_SECONDS, PoolView
 from sidecar.admission.outcomes import Lane
-from sidecar.admission.planner import ENTRY_SECONDS, SHORT_HEADROOM_SECONDS, STAGED_SEQUENCES, CapacityPlanner
+from sidecar.admission.planner import (
+    CLOCK_SECONDS,
+    ENTRY_SECONDS,
+    SHORT_HEADROOM_SECONDS,
+    STAGED_SEQUENCES,
+    CapacityPlanner,
+)
 
 POOL = PoolView(blocks=15, block_size=128)
 
@@ -50,11 +56,17 @@ def test_a_scrape_is_wanted_soon_after_an_admission_no_scrape_has_shown() -> Non
     planner.hold(facts(600, 400), (), 10.0, in_ledger=True)
     assert planner.scrape_wanted(10.0, [head]) == pytest.approx(ENTRY_SECONDS)
     assert planner.scrape_wanted(10.1, [head]) == 0.0  # overdue: now
-    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, [head]) is None  # too old to be on its way
+    # too old to be on its way: only the unknown step clock still asks
+    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, [head]) == pytest.approx(CLOCK_SECONDS)
     assert planner.scrape_wanted(10.0, [(facts(24, 16), (), False)]) is None  # a head that fits asks nothing
     assert planner.scrape_wanted(10.0, []) is None  # nobody waits for blocks
     planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
-    assert planner.scrape_wanted(10.06, [head]) is None  # shown running; no step rate known yet
+    # shown running, but no step rate is known yet: ask soon, to learn how fast the engine steps
+    assert planner.scrape_wanted(10.06, [head]) == pytest.approx(CLOCK_SECONDS)
+    planner.observe(10.1, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.1)
+    assert planner.scrape_wanted(10.11, [head]) == pytest.approx(CLOCK_SECONDS)  # no step between the two
+    planner.observe(10.2, 0.3, stale=False, steps=1030, waiting=0, running=1, sampled_at=10.2)
+    assert planner.scrape_wanted(10.21, [head]) == pytest.approx(85 / 300)  # 115 - 30 steps to go at 300/s
 
 
 def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_request_needs() -> None:
