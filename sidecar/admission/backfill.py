@@ -18,9 +18,12 @@ scrape has shown running). A waiting request may go first when
   (a head whose start nobody can bound is not overtaken: it could be overtaken forever);
 * the request would be admitted now as a head itself (it fits beside everyone over its lifetime);
 * the engine's sequence limit leaves a slot for both;
-* the head still fits ``k`` steps from now with the request held as well, planned as if it never ended
-  (:meth:`~sidecar.admission.planner.CapacityPlanner.backfill_allowed`): no admission scrape has shown it
-  running, so nothing bounds its end.
+* it is certain to be done within ``k`` steps (its expectation is its bound: ``max_tokens`` with
+  ``ignore_eos``, or nothing learned below it; its prefill and entry steps counted), or the head still fits
+  ``k`` steps from now with it held as well, planned as if it never ended
+  (:meth:`~sidecar.admission.planner.CapacityPlanner.backfill_allowed`). A request that goes at once has a
+  slot and its blocks, so it starts within the entry steps; if it is slower than planned, the head starts
+  later than it would have, but it is still admitted only when the ledger says it fits.
 
 Only the :data:`BACKFILLS` smallest waiting requests of the tenant whose turn it is are tried per round, the
 smallest first (each try is a bisection over the ledger). vLLM itself does not backfill: its scheduler stops

@@ -241,12 +241,17 @@ class CapacityLedger:
         self.shared.update(demand.all_hashes)
         return self._next_id
 
-    def remove(self, holding_id: int, now: float = -math.inf) -> Holding | None:
-        """The request ended at ``now``: drop its holding."""
+    def discard(self, holding_id: int) -> Holding | None:
+        """Drop a holding without recording an end (a trial placement, not a request that ended)."""
         holding = self.holdings.pop(holding_id, None)
         if holding is not None:
             self.shared.subtract(holding.demand.all_hashes)
             self.shared = +self.shared
+        return holding
+
+    def remove(self, holding_id: int, now: float = -math.inf) -> Holding | None:
+        """The request ended at ``now``: drop its holding."""
+        if (holding := self.discard(holding_id)) is not None:
             self.ended.append((now, holding))
         while self.ended and self.ended[0][0] < now - ENDED_SECONDS:
             self.ended.popleft()

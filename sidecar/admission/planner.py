@@ -159,9 +159,7 @@ class CapacityPlanner:
         try:
             return self.ledger.fits(waiting, pool, later, headroom=room, full_for=SHORT_WAIT_STEPS)
         finally:
-            held = self.ledger.holdings.pop(trial)  # gone without a trace: not an ended request
-            self.ledger.shared.subtract(held.demand.all_hashes)
-            self.ledger.shared = +self.ledger.shared
+            self.ledger.discard(trial)
 
     def saw_short(self, facts: RequestFacts, hashes: Hashes, now: float) -> None:
         """A short-lane request arrived: long ones leave its blocks free for a while."""
