@@ -23,15 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.harness.admission_suite import (
-    SHAPES,
-    Planned,
-    plan,
-    reset_prefix_cache,
-    run_once,
-    stop_process,
-    through_sidecar,
-)
+from tests.harness.admission_runs import run_once
+from tests.harness.admission_shapes import SHAPES, Planned, plan
+from tests.harness.admission_suite import reset_prefix_cache, stop_process, through_sidecar
 from tests.harness.spike import wait_idle
 from tests.harness.vllm import VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 

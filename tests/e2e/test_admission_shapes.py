@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness.admission_suite import SHAPES, run_suite
+from tests.harness.admission_shapes import SHAPES
+from tests.harness.admission_suite import run_suite
 from tests.harness.vllm import VllmServer
 
 pytestmark = pytest.mark.e2e
