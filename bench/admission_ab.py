@@ -7,7 +7,8 @@ between rounds; before each run vLLM's prefix cache is reset, so no run rides on
 cached, and every target of a round gets the same token-id prompts and sampling seeds (fresh per round). A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
 ``name=`` alone is the defaults). ``--bare`` adds a target that goes through ``bench/bare_proxy.py`` (the
 40-line streaming aiohttp pass-through, no admission): the hop's own cost on this machine, apart from what
-the policy does. Prints each run and the medians (makespan, short p95, preemptions, lost); the engine is the
+the policy does. Prints each run and the medians (makespan, short p95, preemptions, lost, and the CPU seconds
+the proxy process, sidecar or bare, used during the run), with each target's paired ratio to straight; the engine is the
 admission suite's (started here unless ``--engine-url`` is given).
 """
 
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.harness.admission_runs import run_once
+from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_once
 from tests.harness.admission_shapes import SHAPES, Planned, plan
 from tests.harness.admission_suite import reset_prefix_cache, stop_process, through_sidecar
 from tests.harness.spike import wait_idle
@@ -44,7 +45,9 @@ async def through_bare_proxy(
     )  # fmt: skip
     try:
         await wait_http(f"http://127.0.0.1:{port}/v1/models", within=30)
-        return await run_once(f"http://127.0.0.1:{port}", engine, SHAPES[shape_name], planned, token_seed)
+        before = process_cpu_seconds(process.pid)
+        summary = await run_once(f"http://127.0.0.1:{port}", engine, SHAPES[shape_name], planned, token_seed)
+        return summary | {"proxy_cpu_seconds": cpu_spent(process.pid, before)}
     finally:
         stop_process(process)
 
@@ -62,11 +65,11 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 async def compare(
     engine: str, model: Path, shape_name: str, rounds: int, variants: dict[str, list[str]], workdir: Path,
     *, bare: bool = False,
-) -> dict[str, list[dict[str, float]]]:  # fmt: skip
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """Every round: the same draw straight, through each variant (and the bare proxy); each run's figures."""
     shape = SHAPES[shape_name]
     targets = [STRAIGHT, *([BARE] if bare else []), *variants]
-    runs: dict[str, list[dict[str, float]]] = {t: [] for t in targets}
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     index = 0
     for round_ in range(rounds):
         planned = plan(shape, f"ab-{shape_name}-{round_}")
@@ -83,13 +86,27 @@ async def compare(
                 summary = await through_sidecar(
                     engine, model, variants[target], log, shape, planned, 9000 + round_
                 )
-            figures = {k: summary[k] for k in ("makespan", "short_p95", "preemptions", "lost")}
+            figures = {
+                k: summary.get(k)
+                for k in ("makespan", "short_p95", "preemptions", "lost", "proxy_cpu_seconds")
+            }
             runs[target].append(figures)
             print(
                 f"  round {round_ + 1} {target:<12} " + "  ".join(f"{k} {v}" for k, v in figures.items()),
                 flush=True,
             )
     return runs
+
+
+def paired(runs: dict[str, list[dict[str, Any]]], target: str, key: str) -> str:
+    """The median over rounds of ``target``'s ``key`` over straight's in the same round (the VM drifts between
+    rounds; a round's runs share the drift)."""
+    ratios = [
+        t[key] / s[key]
+        for t, s in zip(runs[target], runs[STRAIGHT], strict=True)
+        if t[key] is not None and s[key]
+    ]
+    return f"{statistics.median(ratios):.2f}x" if ratios else "-"
 
 
 def main() -> None:
@@ -121,15 +138,17 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
-    print(f"\n{args.shape}, medians of {args.rounds} rounds (sidecar logs in {workdir})")
-    straight = statistics.median(r["makespan"] for r in runs[STRAIGHT])
+    print(f"\n{args.shape}, medians of {args.rounds} rounds; x: the median of each round's ratio to straight's run"
+          f" (sidecar logs in {workdir})")  # fmt: skip
     for target, target_runs in runs.items():
         makespan = statistics.median(r["makespan"] for r in target_runs)
         p95 = statistics.median(r["short_p95"] for r in target_runs if r["short_p95"] is not None)
         preemptions = statistics.median(r["preemptions"] for r in target_runs)
         lost = sum(r["lost"] for r in target_runs)
-        print(f"  {target:<12} makespan {makespan:6.2f} s ({makespan / straight:.2f}x)  short p95 {p95:5.2f} s"
-              f"  preemptions {preemptions:g}  lost {lost:g}")  # fmt: skip
+        cpu = [r["proxy_cpu_seconds"] for r in target_runs if r["proxy_cpu_seconds"] is not None]
+        print(f"  {target:<12} makespan {makespan:6.2f} s ({paired(runs, target, 'makespan')})"
+              f"  short p95 {p95:5.2f} s ({paired(runs, target, 'short_p95')})  preemptions {preemptions:g}"
+              f"  lost {lost:g}  proxy CPU {f'{statistics.median(cpu):.2f} s' if cpu else '-'}")  # fmt: skip
 
 
 if __name__ == "__main__":

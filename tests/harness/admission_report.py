@@ -50,6 +50,7 @@ ROWS = [
     ("streamed", "streamed", "{:.0f}"), ("max sidecar queue depth", "max_queue_depth", "{:.0f}"),
     ("retried after Retry-After", "retried", "{:.0f}"), ("  share admitted", "retry_admitted_share", "{:.0%}"),
     ("admitted max latency (s)", "admitted_max_latency", "{:.1f}"),
+    ("proxy CPU during the run (s)", "proxy_cpu_seconds", "{:.2f}"),
 ]  # fmt: skip
 
 
@@ -58,7 +59,7 @@ def print_shape(name: str, columns: dict[str, dict[str, Any]]) -> None:
     print(f"\n{name:<32}" + "".join(f"{t:>16}" for t in columns))
     for title, key, pattern in ROWS:
         cells = [
-            _fmt(col[key], pattern) if not isinstance(col[key], bool) else str(col[key]).lower()
+            str(value).lower() if isinstance(value := col.get(key), bool) else _fmt(value, pattern)
             for col in columns.values()
         ]
         print(f"{title:<32}" + "".join(f"{c:>16}" for c in cells))

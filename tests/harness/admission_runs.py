@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -54,6 +56,21 @@ class Client:
     def final(self) -> Attempt:
         """The attempt that decided the outcome."""
         return self.retry or self.first
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``), or ``None`` where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_spent(pid: int, before: float | None) -> float | None:
+    """CPU seconds ``pid`` used since :func:`process_cpu_seconds` read ``before``."""
+    after = process_cpu_seconds(pid)
+    return None if before is None or after is None else after - before
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

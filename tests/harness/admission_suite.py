@@ -38,7 +38,7 @@ from typing import IO, Any
 import aiohttp
 
 from tests.harness.admission_report import medians, paired_ratios, print_shape, print_summary
-from tests.harness.admission_runs import run_once
+from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_once
 from tests.harness.admission_shapes import SHAPES, Planned, Shape, plan
 from tests.harness.spike import RESULTS, wait_idle
 from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python
@@ -110,7 +110,9 @@ async def through_sidecar(
         process, proxy, admin = start_sidecar(engine, model, extra, log)
         try:
             status = await wait_sidecar(process, admin)
+            cpu_before = process_cpu_seconds(process.pid)
             summary = await run_once(proxy, engine, shape, planned, token_seed, admin)
+            summary["proxy_cpu_seconds"] = cpu_spent(process.pid, cpu_before)
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; sidecar log: {tail(log_path)}") from exc
         finally:
