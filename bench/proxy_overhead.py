@@ -37,6 +37,8 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.harness.admission_runs import process_cpu_seconds
+
 ROOT = Path(__file__).parent.parent
 RESULTS = Path(__file__).parent / "results"
 BODY = {"model": "bench", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 8}
@@ -74,15 +76,6 @@ async def latencies(url: str, seconds: float) -> list[float]:
                 await response.read()
             out.append(time.perf_counter() - started)
     return out
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU a process has used (Linux ``/proc``; ``None`` elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def throughput(url: str, seconds: float, connections: int, counted: list[int] | None = None) -> float:
@@ -207,10 +200,10 @@ async def run(seconds: float, rounds: int) -> dict[str, dict[str, float]]:
                 row.setdefault("p50", []).append(statistics.median(lat))
                 row.setdefault("p99", []).append(statistics.quantiles(lat, n=100)[98])
                 row.setdefault("rps1", []).append(await throughput(url, seconds, 1))
-                pid, counted = pids.get(name), []
-                before = cpu_seconds(pid) if pid else None
+                pid, counted = pids.get(name), list[int]()
+                before = process_cpu_seconds(pid) if pid else None
                 row.setdefault("rps8", []).append(await throughput(url, seconds, 8, counted))
-                after = cpu_seconds(pid) if pid else None
+                after = process_cpu_seconds(pid) if pid else None
                 if (
                     before is not None and after is not None and counted[0]
                 ):  # the process's own CPU per request
