@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.pipeline import PipelineStage
+from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
 
 if TYPE_CHECKING:
@@ -45,6 +46,13 @@ def plan_notes(
             "each GPU keeps a full KV head (replicated)"
         )
     notes.extend(_stage_notes(request, stages))
+    if request.release.counts_pinned_profile_segments():
+        worst = PINNED_SEGMENTS_OBSERVED_BYTES[1] / GIB
+        notes.append(
+            f"vLLM {request.release} counts allocator segments freed during its start-up profile as used "
+            f"(fixed in 0.31.0): its pool can come out up to {worst:.1f} GiB per GPU smaller than planned; "
+            "the sidecar admits by the pool the engine reports"
+        )
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)

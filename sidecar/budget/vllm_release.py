@@ -43,6 +43,17 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   9.0-10.x): figures read off the "non-torch forward increase memory" that the calibration table's vLLM 0.19
   H100 logs print, not derived from source; the GPU gate is read in source (:data:`NON_TORCH_BYTES`,
   :data:`TENSOR_PARALLEL_NON_TORCH_BYTES`).
+* **0.27.0-0.30.x count allocator segments freed during the profile as used.** From 0.27.0 non-KV memory is
+  ``total_consumed + transient_peak_headroom`` (``memory_profiling`` in ``vllm/utils/mem_utils.py``):
+  the drop in the GPU's free memory since start-up plus the torch peak above what is still allocated. A
+  segment freed in the profile but pinned by a later small allocation survives ``empty_cache()``, so it
+  is counted in the drop, while the peak counts its contents again. 0.31.0 wraps ``profile_run`` in
+  ``_scoped_allocator_max_split(20)`` (``vllm/v1/worker/gpu_worker.py``; its comment: workspaces "grow in
+  steps during this pass, freeing each smaller buffer", and a pinned segment "is counted as consumed and
+  taken from the KV cache"); 0.26.0 measured torch's allocated peak, which a pinned segment does not
+  change. How much is pinned depends on the order of allocations, so the planner does not subtract it;
+  a plan for these releases says how much smaller the pool can come out
+  (:data:`PINNED_SEGMENTS_OBSERVED_BYTES`).
 """
 
 from __future__ import annotations
@@ -72,6 +83,13 @@ needs Hopper's NVSwitch (PR #9699's measurements). The calibration table agrees:
 without it."""
 DEFAULT_CUDA_GRAPH_BYTES: Final = 512 * MIB
 """CUDA-graph memory when not measured: about the median estimate in the calibration logs (0.3-0.65 GiB)."""
+
+PINNED_SEGMENTS_OBSERVED_BYTES: Final = (-250 * MIB, 1650 * MIB)
+"""The range of non-KV memory beyond the plan on vLLM 0.29 boots, per GPU: gpt-oss-20b on an L4 +1.18 GiB
+(TP 1, 4,096-token batch), +0.36 (TP 1, 8,192), +0.13 (DP 4, eager), -0.24 (TP 2); Qwen3-8B-FP8 on a 16 GB
+MIG slice +1.50 and +1.61 GiB (the log prints weights, CUDA-graph estimate and available KV, so the rest
+is profile: 2.43-2.55 GiB against 0.94 planned). Before 0.27 the same model lands within 1% (gpt-oss-20b
+at TP 2 on H100s, vLLM 0.19: -0.3%)."""
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -143,6 +161,10 @@ class VllmRelease:
     def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
         """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""
         return self.at_least(20) and not enforce_eager
+
+    def counts_pinned_profile_segments(self) -> bool:
+        """Whether freed but pinned allocator segments count as used when sizing the pool (0.27.0-0.30.x)."""
+        return self.at_least(27) and not self.at_least(31)
 
     def batch_defaults(self, gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> tuple[int, int]:
         """``vllm serve``'s ``(max_num_batched_tokens, max_num_seqs)`` when neither flag is given."""

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.ledger import Ledger, PlanRequest
+from sidecar.budget.vllm_release import VllmRelease
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import Observation, SignalHistory
 from sidecar.settings import default_of
@@ -113,6 +114,7 @@ class Comparison:
     max_model_len: int | None
     requested_kv_dtype: str | None
     engine_kv_dtype: str | None
+    vllm_release: str | None = None  # the release the prediction was made for
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -166,6 +168,7 @@ def compare(
         max_model_len=max_model_len,
         requested_kv_dtype=settings.requested_kv_dtype,
         engine_kv_dtype=engine_dtype,
+        vllm_release=str(ledger.request.release) if ledger else None,
     )
 
 
@@ -184,15 +187,25 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
     drift = comparison.pool_drift_ratio
     if drift is not None and abs(drift) > DRIFT_INFO_RATIO:
         severity = Severity.WARNING if abs(drift) > DRIFT_WARNING_RATIO else Severity.INFO
+        advice = (
+            "check that the sidecar's flags (model, GPU, dtypes, gpu_memory_utilization,"
+            " max_num_batched_tokens)"
+            " match vLLM's; another process on the GPU or a larger activation peak shrinks the pool"
+        )
+        release = comparison.vllm_release
+        if drift < 0 and release and VllmRelease.parse(release).counts_pinned_profile_segments():
+            advice = (
+                f"vLLM {release} counts allocator segments freed during its start-up profile as used"
+                " (fixed in 0.31.0): upgrade vLLM, or raise gpu_memory_utilization to win the pool back; "
+                + advice
+            )
         found.append(
             Diagnosis(
                 DiagnosisId.KV_POOL_DRIFT,
                 severity,
                 f"engine KV pool is {comparison.engine_pool_tokens:,} tokens, predicted "
                 f"{comparison.predicted_pool_tokens:,} ({drift:+.0%})",
-                "check that the sidecar's flags (model, GPU, dtypes, gpu_memory_utilization,"
-                " max_num_batched_tokens)"
-                " match vLLM's; another process on the GPU or a larger activation peak shrinks the pool",
+                advice,
             )
         )
     concurrency = comparison.engine_max_concurrency

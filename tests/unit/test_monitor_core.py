@@ -156,6 +156,23 @@ def test_drift_exactly_at_twenty_percent_is_not_a_warning() -> None:
     assert _diagnose(ledger, _snapshot()).get("kv-pool-drift") is Severity.INFO
 
 
+@pytest.mark.parametrize(("version", "names_it"), [("0.29.0", True), ("0.31.0", False), ("0.26.0", False)])
+def test_a_smaller_pool_on_a_release_that_counts_pinned_segments_names_the_cause(
+    version: str, names_it: bool
+) -> None:
+    settings = MonitorSettings()
+    ledger = _tiny_ledger(num_gpu_blocks_override=24, vllm_version=version)  # the engine has 16: -33%
+    comparison = compare(ledger, _snapshot(), max_model_len=1024, settings=settings)
+    found = diagnose(
+        comparison=comparison, engine_up=True, snapshot=_snapshot(), predicted=True, gpus=[],
+        history=SignalHistory(600), now=0.0, settings=settings,
+    )  # fmt: skip
+    drift = next(d for d in found if d.id == "kv-pool-drift")
+    assert drift.severity is Severity.WARNING
+    assert ("freed during its start-up profile" in drift.advice) is names_it
+    assert comparison.vllm_release == version
+
+
 def test_fp8_requested_but_engine_reports_auto() -> None:
     settings = MonitorSettings(requested_kv_dtype="fp8", model_dtype="bf16")
     assert (

@@ -146,3 +146,22 @@ def test_a_moe_models_dense_layers_and_shared_experts_size_its_forward() -> None
     assert (
         estimate_activation_bytes(request) == 8192 * (2 * 7168 + 3 * 18432 // 8) * 2 + workspace + WORKSPACE
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "counts"),
+    [
+        ("0.26.1", False),
+        ("0.27.0", True),
+        ("0.29.0", True),
+        ("0.30.2", True),
+        ("0.31.0", False),
+        ("0.32.0", False),
+    ],
+)
+def test_releases_that_count_pinned_profile_segments_say_so_in_the_plan(version: str, counts: bool) -> None:
+    # 0.27.0 sized the pool by the drop in free memory; 0.31.0 stopped segments being pinned in the profile
+    assert VllmRelease.parse(version).counts_pinned_profile_segments() is counts
+    arch = _config("meta-llama--Llama-3.1-8B-Instruct.json").architecture
+    notes = build_ledger(PlanRequest(arch, 24 * GIB, vllm_version=version)).notes
+    assert any("freed during its start-up profile" in note and "1.6 GiB" in note for note in notes) is counts
