@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sidecar.budget import Ledger, PlanRequest, architecture_from_config, build_ledger
-from sidecar.budget.vllm_release import VllmRelease
+from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES, VllmRelease
 from sidecar.units import GIB
 
 DATA = Path(__file__).parents[1] / "data"
@@ -206,3 +206,18 @@ def test_row_exceptions_name_real_rows_whose_gap_they_describe() -> None:
         field, bound = TERMS[term]
         assert abs(printed_profile(plan(row))[term] / GIB - row[field]) > bound, (row_id, term)
         assert why
+
+
+def test_the_pinned_segment_range_covers_every_affected_boot_on_the_table() -> None:
+    # vLLM 0.27-0.30 charge segments pinned in the profile to the pool (vllm_release.py): the range a plan
+    # warns of must hold every such boot's non-KV memory beyond the plan, and each such plan must warn
+    low, high = PINNED_SEGMENTS_OBSERVED_BYTES
+    affected = []
+    for row in PLANNED:
+        ledger = plan(row)
+        beyond = ledger.kv_pool_bytes * (1 - row["kv_cache_tokens"] / ledger.kv_pool_tokens)
+        if ledger.request.release.counts_pinned_profile_segments():
+            affected.append(row["id"])
+            assert low <= beyond <= high, (row["id"], beyond / GIB)
+            assert any("freed during its start-up profile" in note for note in ledger.notes)
+    assert len(affected) >= 5
