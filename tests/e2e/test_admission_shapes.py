@@ -1,7 +1,8 @@
 """The default admission on every spike shape of ``bench/admission_suite.py``, against the real vLLM server.
 
-Each shape runs once straight and once through a fresh ``kv-sidecar run`` with no admission flag (told vLLM's
-``--max-num-seqs``, as the chart does), the same prompts for both and vLLM's prefix cache reset before each. The
+Each shape runs once straight and once through ``kv-sidecar run`` with no admission flag (told vLLM's
+``--max-num-seqs``, as the chart does; one sidecar for the whole suite, as in a pod), the same prompts for
+both and vLLM's prefix cache reset before each. The
 headline of each shape is asserted with margins that hold on a noisy 2-core machine; the README's table holds
 the medians of several rounds (``make bench-admission``).
 """

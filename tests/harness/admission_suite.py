@@ -1,11 +1,13 @@
-"""The admission suite: five traffic shapes (:mod:`tests.harness.admission_shapes`), each straight to vLLM and through a fresh ``kv-sidecar run``.
+"""The admission suite: five traffic shapes (:mod:`tests.harness.admission_shapes`), each straight to vLLM and through ``kv-sidecar run``.
 
 Run: ``.venv/bin/python -m bench.admission_suite`` (``make bench-admission``). It starts one vLLM CPU
 server with the harness defaults (16 blocks x 128 tokens = 2,048-token pool, 4 sequences, max_model_len
 1024; ``VLLM_SERVER_DEV_MODE=1`` so ``POST /reset_prefix_cache`` exists) unless ``--engine-url`` is given.
-For every shape and round it sends the same traffic twice, direct and through a sidecar started for that run
-alone (no admission flags: add some with ``--sidecar-arg=--admission --sidecar-arg=lanes``), alternating
-which goes first per round. Before each run it waits for vLLM to be idle and resets its prefix cache, so no
+For every shape and round it sends the same traffic twice, direct and through the sidecar (no admission flags:
+add some with ``--sidecar-arg=--admission --sidecar-arg=lanes``), alternating which goes first per round.
+The sidecar is started once for the suite and watches every run, straight ones included, as it watches vLLM
+in a pod (:class:`KeptSidecar`); ``--fresh-sidecar`` starts one for each run instead, so every spike meets a
+sidecar that has just started (no step rate, no answers of its own: the harder case). Before each run it waits for vLLM to be idle and resets its prefix cache, so no
 run rides on blocks an earlier one left cached (the summary says if a reset failed). Both targets of a round get
 the same traffic: sizes, kinds, arrival times, token-id prompts and sampling seeds (seed ``base*1000 + round``),
 fresh per round; with random weights the answers' lengths depend on the prompt and seed, so drawing them per
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -120,14 +123,77 @@ async def through_sidecar(
     return summary | {"sidecar_admission_at_start": status.get("admission"), "sidecar_log": tail(log_path)}
 
 
+class KeptSidecar:
+    """One ``kv-sidecar run`` for the whole suite, as in a pod: started once, it watches every run, straight
+    ones included, so a spike meets a sidecar that knows the engine's step rate and its answers' lengths."""
+
+    def __init__(self, engine: str, model: Path, extra: list[str], log_path: Path) -> None:
+        self.engine, self.model, self.extra, self.log_path = engine, model, extra, log_path
+        self._log: IO[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.proxy = self.admin = ""
+
+    async def __aenter__(self) -> KeptSidecar:
+        self._log = self.log_path.open("wb")
+        self.process, self.proxy, self.admin = start_sidecar(self.engine, self.model, self.extra, self._log)
+        try:
+            await wait_sidecar(self.process, self.admin)
+        except RuntimeError as exc:
+            await self.__aexit__()
+            raise RuntimeError(f"{exc}; sidecar log: {tail(self.log_path)}") from exc
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+        if self._log is not None:
+            self._log.close()
+
+    async def run(self, shape: Shape, planned: list[Planned], token_seed: int) -> dict[str, Any]:
+        """One run through the kept sidecar, with the CPU its process used during the run."""
+        assert self.process is not None, "use KeptSidecar as an async context manager"
+        async with aiohttp.ClientSession() as session, session.get(self.admin + "/status") as response:
+            status: dict[str, Any] = await response.json()
+        cpu_before = process_cpu_seconds(self.process.pid)
+        try:
+            summary = await run_once(self.proxy, self.engine, shape, planned, token_seed, self.admin)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; sidecar log: {tail(self.log_path)}") from exc
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the kept sidecar exited ({self.process.returncode}): {tail(self.log_path)}")
+        return summary | {
+            "proxy_cpu_seconds": cpu_spent(self.process.pid, cpu_before),
+            "sidecar_admission_at_start": status.get("admission"),
+        }
+
+
 async def run_suite(
     engine_url: str, model: Path, shapes: list[Shape], rounds: int, sidecar_args: list[str],
-    seed: int = 7, progress: bool = True, workdir: Path | None = None,
+    seed: int = 7, progress: bool = True, workdir: Path | None = None, fresh_sidecars: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every shape ``rounds`` times, direct and through a fresh sidecar per run; raw runs and medians."""
+    """Every shape ``rounds`` times, direct and through the sidecar; raw runs and medians.
+
+    The sidecar is one :class:`KeptSidecar` for the suite, or with ``fresh_sidecars`` one started for each run
+    (a spike right after the sidecar starts: no step rate, no answers of its own yet)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="kv-sidecar-admission-"))
+    async with contextlib.AsyncExitStack() as stack:
+        kept = None
+        if not fresh_sidecars:
+            kept = await stack.enter_async_context(
+                KeptSidecar(engine_url, model, sidecar_args, workdir / "sidecar-kept.log")
+            )
+        return await _run_shapes(
+            engine_url, model, shapes, rounds, sidecar_args, seed, progress, workdir, kept
+        )
+
+
+async def _run_shapes(
+    engine_url: str, model: Path, shapes: list[Shape], rounds: int, sidecar_args: list[str], seed: int,
+    progress: bool, workdir: Path, kept: KeptSidecar | None,
+) -> dict[str, Any]:  # fmt: skip
     result: dict[str, Any] = {"engine_url": engine_url, "sidecar_args": sidecar_args, "seed": seed, "rounds": rounds,
-                              "prefix_cache_reset": True, "shapes": {}}  # fmt: skip
+                              "prefix_cache_reset": True, "sidecar": "fresh per run" if kept is None else "kept",
+                              "shapes": {}}  # fmt: skip
     run_index = 0
     if progress:
         print(f"  sidecar logs in {workdir}", flush=True)
@@ -147,6 +213,8 @@ async def run_suite(
                     )
                 if target == "direct":
                     summary = await run_once(engine_url, engine_url, shape, planned, token_seed)
+                elif kept is not None:
+                    summary = await kept.run(shape, planned, token_seed)
                 else:
                     log_path = workdir / f"sidecar-{run_index}.log"
                     summary = await through_sidecar(
@@ -179,6 +247,8 @@ def main() -> None:
     parser.add_argument("--sidecar-arg", action="append", default=[], help="extra `kv-sidecar run` argument (repeatable)")
     parser.add_argument("--max-num-seqs", type=int, default=4,
                         help="vLLM's --max-num-seqs, told to the sidecar as the Helm chart does (the harness starts 4)")
+    parser.add_argument("--fresh-sidecar", action="store_true",
+                        help="start a sidecar for each run (a spike right after start) instead of one for the suite")
     parser.add_argument("--quiet", action="store_true")
     # fmt: on
     args = parser.parse_args()
@@ -205,7 +275,7 @@ def main() -> None:
         result = asyncio.run(
             run_suite(server.url if server else args.engine_url, model, shapes, args.rounds,
                       ["--max-num-seqs", str(args.max_num_seqs), *args.sidecar_arg], seed=args.seed,
-                      progress=not args.quiet, workdir=workdir)
+                      progress=not args.quiet, workdir=workdir, fresh_sidecars=args.fresh_sidecar)
         )  # fmt: skip
     finally:
         if server is not None:
