@@ -196,6 +196,7 @@ class AdmissionController:
             route=facts.route,
             model=facts.model,
             stream=facts.stream,
+            teaches_output=not facts.ignore_eos,
         )
 
     def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
@@ -344,7 +345,7 @@ class AdmissionController:
             ticket.sequences,
             now,
             completed=completed,
-            completion_tokens=ticket.completion_tokens,
+            completion_tokens=ticket.completion_tokens if ticket.teaches_output else None,
             key=(ticket.route, ticket.model),
         )
         self.dispatch()

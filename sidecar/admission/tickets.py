@@ -40,6 +40,7 @@ class Ticket:
     model: str = ""
     stream: bool = False
     completion_tokens: int | None = None  # the answer's length, when the proxy could read it
+    teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
 
 
 @dataclass(slots=True)

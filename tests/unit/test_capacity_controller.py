@@ -151,6 +151,23 @@ async def test_answers_teach_the_expected_output() -> None:
         controller.release(ticket)
 
 
+async def test_answers_whose_length_the_client_fixed_teach_nothing() -> None:
+    clock = Clock()
+    controller = make(clock)
+    generous = req(100, 900)
+    for _ in range(3):  # ignore_eos: vLLM generates exactly max_tokens, whatever the model would have said
+        ticket = await admit(controller, req(100, 300, ignore_eos=True))
+        ticket.completion_tokens = 300
+        controller.release(ticket)
+    assert controller.planner.outputs.samples("/v1/completions", "") == 0
+    assert controller.planner.outputs.expected(generous, 1024) == (900, 900)
+    for _ in range(2):
+        ticket = await admit(controller, generous)
+        ticket.completion_tokens = 40
+        controller.release(ticket)
+    assert controller.planner.outputs.expected(generous, 1024) == (40, 900)
+
+
 async def test_retry_after_follows_the_observed_block_release_rate() -> None:
     """A known service rate: 8 blocks released every 2 s (4 blocks/s). A refused request needing 8 blocks
     behind 2 x 8 queued, with the pool full, should come back in (16 + 8) / 4 = 6 s (stated tolerance: 15%)."""
