@@ -135,15 +135,20 @@ async def test_sustained_pressure_lowers_the_concurrency_one_step_per_window() -
         controller.release(ticket)
 
 
+async def answer(controller: AdmissionController, facts: RequestFacts, *, tokens: int, times: int) -> None:
+    """Admit ``facts`` ``times`` times, each answered with ``tokens`` tokens."""
+    for _ in range(times):
+        ticket = await admit(controller, facts)
+        ticket.completion_tokens = tokens
+        controller.release(ticket)
+
+
 async def test_answers_teach_the_expected_output() -> None:
     clock = Clock()
     controller = make(clock)
     generous = req(100, 900)  # no ignore_eos: may end early
     assert controller.planner.outputs.expected(generous, 1024) == (900, 900)
-    for _ in range(2):
-        ticket = await admit(controller, generous)
-        ticket.completion_tokens = 40
-        controller.release(ticket)
+    await answer(controller, generous, tokens=40, times=2)
     assert controller.planner.outputs.expected(generous, 1024) == (40, 900)
     tickets = [await admit(controller, generous) for _ in range(3)]  # 3 x ceil(140 / 128): all at once
     assert controller.total_inflight == 3
@@ -155,16 +160,11 @@ async def test_answers_whose_length_the_client_fixed_teach_nothing() -> None:
     clock = Clock()
     controller = make(clock)
     generous = req(100, 900)
-    for _ in range(3):  # ignore_eos: vLLM generates exactly max_tokens, whatever the model would have said
-        ticket = await admit(controller, req(100, 300, ignore_eos=True))
-        ticket.completion_tokens = 300
-        controller.release(ticket)
+    # ignore_eos: vLLM runs to max_tokens, whatever the model would have said
+    await answer(controller, req(100, 300, ignore_eos=True), tokens=300, times=3)
     assert controller.planner.outputs.samples("/v1/completions", "") == 0
     assert controller.planner.outputs.expected(generous, 1024) == (900, 900)
-    for _ in range(2):
-        ticket = await admit(controller, generous)
-        ticket.completion_tokens = 40
-        controller.release(ticket)
+    await answer(controller, generous, tokens=40, times=2)
     assert controller.planner.outputs.expected(generous, 1024) == (40, 900)
 
 
