@@ -19,9 +19,9 @@ import time
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings
 from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.pressure import PressureDetector, PressureSettings, StaleMode, Staleness
 from sidecar.server.metrics import AdmissionMetrics
 

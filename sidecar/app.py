@@ -27,9 +27,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, Staleness
 from sidecar.admission.retry import clamp_retry_after

@@ -24,13 +24,16 @@ can hold what every in-flight request will hold over the new request's lifetime,
   step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
   both sides: from above by the steps since the last scrape before it was admitted, with the clock
   extrapolated at the highest rate seen (it looks at least as big as it is); from below by the steps
-  counted since a scrape that showed it running, less its prefill steps and :data:`ENTRY_STEPS` (it
+  counted since a scrape that showed it running, less its prefill steps and :data:`SHOWN_SLACK_STEPS` (it
   ends no later than that says). The lower bound is the count a scrape read, never extrapolated: a step
   can take any time (a long prefill, a busy host), so no rate bounds it from below. A stream's counted
   tokens are exact progress. Without a step clock a request is taken to be at its expected peak.
-* **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps (plus
-  ``block_size`` for safety). Over that span the ledger evaluates the pool at every point where it
-  could peak: just before each in-flight request is certain to end, and at the end of the span.
+* **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps, plus
+  the steps before it starts: a request that starts late ends late, while the others go on growing. With
+  a sequence slot of its own it starts within :data:`TRANSIT_SECONDS` (at the engine's highest step rate);
+  otherwise, or while that rate is unknown, ``block_size`` steps are allowed. Over that span the ledger
+  evaluates the pool at every point where it could peak: just before each in-flight request is certain
+  to end, and at the end of the span.
   Others grow by one token per step, never past their expected peak. Only a request whose
   expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
   most ``bound - progress + prefill steps`` steps, and only once a scrape has shown it running: a
@@ -85,47 +88,26 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout
+from sidecar.admission.geometry import GroupLayout, PoolView
+from sidecar.admission.rates import Steps
 
 PREFILL_TOKENS_PER_STEP = 256
 """A conservative prefill chunk: a prompt of ``p`` tokens is taken to need ``p / 256`` steps."""
 ENTRY_STEPS = 8
-"""Steps the engine may take between a request's admission and its arrival in vLLM's scheduler.
-
-The HTTP hop, the API server's processing and the hand-off to the engine core take tens of milliseconds
-on a busy host, while the step counter runs on for others: a request is taken to end this much later."""
-TRANSIT_SECONDS = 0.25
-"""The most a request may take from its admission to vLLM's scheduler: two admitted closer than this may
-arrive in either order, and with others on the engine a scrape asked sooner may not show it yet."""
+"""Steps the engine may run between a request's admission and its arrival in vLLM's scheduler, when no
+scrape has shown it yet (the HTTP hop, the API server, the hand-off to the engine core)."""
+SHOWN_SLACK_STEPS = 2
+"""Steps a request in a scrape's ``running`` count may start after that scrape's step count: with async
+scheduling vLLM schedules a batch before the previous one's statistics are recorded (two in flight)."""
+TRANSIT_SECONDS = 0.1
+"""The most a request takes from its admission to vLLM's scheduler: two admitted closer than this may
+arrive in either order, a scrape asked sooner may not show it, and one admitted with a free sequence
+slot starts within it. The round trip of a streamed 8-token request under load, one step included, took
+at most 29-31 ms here (p99 20-21 ms; ``bench/engine_transit.py``, 2026-12-04)."""
 ENDED_SECONDS = 5.0
 """Holdings that ended this recently are kept for reading scrapes asked for before they ended."""
 MAX_RELEASE_POINTS = 32
 """Releases considered per decision (the nearest); later ones are treated as never happening."""
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """Blocks a sequence of ``tokens`` tokens holds."""
-    return max(0, math.ceil(tokens / block_size))
-
-
-@dataclass(frozen=True, slots=True)
-class PoolView:
-    """The engine's pool as admission sees it."""
-
-    blocks: int
-    block_size: int
-    prefix_caching: bool = True
-    source: str = "engine"  # engine (cache_config_info) or prediction
-    layout: GroupLayout = SINGLE_GROUP  # the engine's KV cache groups (:mod:`sidecar.admission.geometry`)
-
-    @property
-    def shares_prefixes(self) -> bool:
-        """Whether prompt blocks held by others count once: prefix caching on and one KV cache group."""
-        return self.prefix_caching and self.layout.single
-
-    def sequence_blocks(self, tokens: int) -> int:
-        """Pool blocks one sequence of ``tokens`` tokens holds, over every KV cache group."""
-        return self.layout.blocks(tokens, self.block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,16 +194,8 @@ class Holding:
         demand = self.demand
         if demand.expected_output < demand.output_bound or self.started_high is None:
             return math.inf
-        prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + ENTRY_STEPS
+        prefill = sum(math.ceil(p / PREFILL_TOKENS_PER_STEP) for p in demand.prompts) + SHOWN_SLACK_STEPS
         return max(0, demand.output_bound - self.progress_low(step_low)) + prefill
-
-
-@dataclass(frozen=True, slots=True)
-class Steps:
-    """The engine's step clock at decision time: a lower and an upper bound, each ``None`` if unknown."""
-
-    low: float | None = None
-    high: float | None = None
 
 
 @dataclass(slots=True)
@@ -277,18 +251,28 @@ class CapacityLedger:
         return demand.private_blocks(0, math.inf, pool) + new_shared
 
     def fits(
-        self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0, full_for: float = 0.0
+        self,
+        demand: Demand,
+        pool: PoolView,
+        steps: Steps,
+        *,
+        headroom: int = 0,
+        full_for: float = 0.0,
+        start_within: float | None = None,
     ) -> bool:
         """Whether ``demand`` fits beside everyone over its lifetime, leaving ``headroom`` blocks free.
 
         The headroom may be used in the last ``full_for`` steps before each certain end (usage only grows
-        between releases): a request needing it then waits at most that long. With nothing of the sidecar's
-        in flight the answer is yes, whatever the gauge says: waiting for blocks held by others (clients
-        bypassing the sidecar) could last forever, and vLLM queues a request it cannot place yet by itself.
+        between releases): a request needing it then waits at most that long. ``start_within``: the steps
+        within which the request is certain to start (``None``: unknown, taken as ``block_size``, about what a
+        request's transit takes at the highest step rates seen). A request that starts late ends late: others
+        go on growing while it sits at its peak, so the pool is checked up to its latest end. With nothing of
+        the sidecar's in flight the answer is yes, whatever the gauge says: waiting for blocks held by others
+        (clients bypassing the sidecar) could last forever, and vLLM queues a request it cannot place yet.
         """
         if not self.holdings:
             return True
-        lifetime = demand.lifetime + pool.block_size
+        lifetime = demand.lifetime + (pool.block_size if start_within is None else start_within)
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         base = len(self.shared) + new_shared + self.unexplained
         peaks = base + headroom + demand.private_blocks(0, math.inf, pool)
@@ -314,7 +298,14 @@ class CapacityLedger:
         return True
 
     def steps_until_fit(
-        self, demand: Demand, pool: PoolView, steps: Steps, *, headroom: int = 0, full_for: float = 0.0
+        self,
+        demand: Demand,
+        pool: PoolView,
+        steps: Steps,
+        *,
+        headroom: int = 0,
+        full_for: float = 0.0,
+        start_within: float | None = None,
     ) -> float | None:
         """About how many engine steps from now :meth:`fits` says yes if nobody comes or goes (else ``None``).
 
@@ -328,7 +319,9 @@ class CapacityLedger:
 
         def fits_after(ahead: float) -> bool:
             later = Steps(low + ahead, None if high is None else high + ahead)
-            return self.fits(demand, pool, later, headroom=headroom, full_for=full_for)
+            return self.fits(
+                demand, pool, later, headroom=headroom, full_for=full_for, start_within=start_within
+            )
 
         if fits_after(0.0):
             return 0.0

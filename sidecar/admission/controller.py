@@ -38,7 +38,6 @@ from collections.abc import Callable
 
 from sidecar.admission.backfill import backfill_entry
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
@@ -47,6 +46,7 @@ from sidecar.admission.decide import (
     decide,
     lane_of,
 )
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.order import pick_next
 from sidecar.admission.outcomes import DroppedError, Lane, Outcome, Reason, RefusedError, reason_message
 from sidecar.admission.outputs import OutputSettings

@@ -124,3 +124,28 @@ def resolve_layout(
         f"full-attention, {sliding} sliding-window and {chunked} chunked-attention KV groups do not explain; "
         "check --model",
     )
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks a sequence of ``tokens`` tokens holds."""
+    return max(0, math.ceil(tokens / block_size))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """The engine's pool as admission sees it."""
+
+    blocks: int
+    block_size: int
+    prefix_caching: bool = True
+    source: str = "engine"  # engine (cache_config_info) or prediction
+    layout: GroupLayout = SINGLE_GROUP  # the engine's KV cache groups
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether prompt blocks held by others count once: prefix caching on and one KV cache group."""
+        return self.prefix_caching and self.layout.single
+
+    def sequence_blocks(self, tokens: int) -> int:
+        """Pool blocks one sequence of ``tokens`` tokens holds, over every KV cache group."""
+        return self.layout.blocks(tokens, self.block_size)

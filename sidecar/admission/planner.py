@@ -14,38 +14,29 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand, PoolView, Steps
+from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.prefix_cache import prompt_hashes
-from sidecar.admission.rates import ReleaseRate, StepClock
+from sidecar.admission.rates import ReleaseRate, StepClock, Steps
 from sidecar.admission.retry import capacity_wait_estimate
 
 Hashes = tuple[tuple[int, ...], ...]
 
 STAGED_SEQUENCES = 1
-"""Sequences forwarded beyond the engine's limit, to wait in vLLM's own queue.
-
-Without one, a slot that frees stays empty for the time it takes the answer's end to reach the
-sidecar and the next request to reach the engine's scheduler (an HTTP hop and tokenising: tens of
-milliseconds on a busy host); vLLM's scheduler instead refills it at the next step. One staged
-request keeps that refill inside the engine; it is planned in the ledger like the running ones, so
-it cannot cause a preemption, and the sidecar still chooses everything behind it.
-"""
-
+"""Sequences forwarded beyond the engine's limit, to wait in vLLM's own queue: without one, a freed slot
+stays empty until the answer's end reaches the sidecar and the next request the engine (tens of ms on a busy
+host); vLLM refills it at the next step. It is planned in the ledger like the running ones."""
 
 ENTRY_SECONDS = 0.03
 """About how long an admitted request takes to reach vLLM's scheduler: when a scrape may first show it."""
 
 CLOCK_SECONDS = 0.05
-"""How soon a head waiting for blocks asks for a scrape while the engine's step rate is still unknown.
-
-A sidecar that starts beside an idle engine learns the rate only from the first spike's scrapes; until then
-in-flight requests count at their peaks and no scrape can be timed by steps. Asked at the interval, the long-
-prompt spike ran 1.17x straight's time with sidecars started just before it, against 1.03x with sidecars
-that had watched earlier traffic (6 rounds each, 2026-12-03).
-"""
+"""How soon a head waiting for blocks asks for a scrape while the engine's step rate is still unknown (a
+sidecar started beside an idle engine learns it from the first spike's scrapes; asked at the interval, the
+long-prompt spike ran 1.17x straight's time through fresh sidecars against 1.03x, 6 rounds, 2026-12-03)."""
 SHORT_HEADROOM_SECONDS = 1.0
 """A long request leaves room for one short request when shorts were seen this recently."""
 SHORT_WAIT_STEPS = 128
@@ -121,8 +112,22 @@ class CapacityPlanner:
             return True
         room = self._short_room(now, leave_short_room=leave_short_room)
         return self.ledger.fits(
-            demand, pool, self.steps.bounds(now), headroom=room, full_for=SHORT_WAIT_STEPS
-        )
+            demand, pool, self.steps.bounds(now), headroom=room, full_for=SHORT_WAIT_STEPS,
+            start_within=self.start_within(facts),
+        )  # fmt: skip
+
+    def start_within(self, facts: RequestFacts) -> float | None:
+        """Engine steps within which the request starts if admitted now, or ``None`` when nothing bounds it.
+
+        Bounded only when it has a sequence slot of the engine's own (not a staged one: that waits for a
+        release in vLLM's queue) and the gauge shows nobody beside the sidecar's requests: then vLLM schedules
+        it as soon as it arrives, within :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`, at the engine's
+        highest step rate.
+        """
+        limit = self.sequence_limit()
+        if limit is None or self.ledger.unexplained or self.inflight_sequences + facts.sequences > limit:
+            return None
+        return self.steps.steps_within(TRANSIT_SECONDS)
 
     def _short_room(self, now: float, *, leave_short_room: bool) -> int:
         last = self.last_short
@@ -149,7 +154,10 @@ class CapacityPlanner:
         if pool is None or waiting is None or extra is None or steps.low is None:
             return False
         room = self._short_room(now, leave_short_room=head[2])
-        ahead = self.ledger.steps_until_fit(waiting, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS)
+        start = self.start_within(head[0])
+        ahead = self.ledger.steps_until_fit(
+            waiting, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
+        )
         if ahead is None:
             return False
         if extra.expected_output >= extra.output_bound and extra.lifetime + ENTRY_STEPS <= ahead:
@@ -157,7 +165,9 @@ class CapacityPlanner:
         later = Steps(steps.low + ahead, None if steps.high is None else steps.high + ahead)
         trial = self.ledger.add(extra, steps, now)
         try:
-            return self.ledger.fits(waiting, pool, later, headroom=room, full_for=SHORT_WAIT_STEPS)
+            return self.ledger.fits(
+                waiting, pool, later, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
+            )
         finally:
             self.ledger.discard(trial)
 
@@ -198,15 +208,17 @@ class CapacityPlanner:
         blocked, wanted = False, list[float]()
         for facts, hashes, leave_short_room in heads:
             demand = self.demand(facts, hashes)
-            room = self._short_room(now, leave_short_room=leave_short_room)
+            room, start = self._short_room(now, leave_short_room=leave_short_room), self.start_within(facts)
             if demand is None or self.ledger.fits(
-                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS
+                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
             ):
                 continue
             blocked = True
-            ahead = self.ledger.steps_until_fit(demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS)
-            if ahead and rate > 0:
-                wanted.append(ahead / rate)
+            ahead = self.ledger.steps_until_fit(
+                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
+            )
+            if ahead and rate > 0:  # counted from the last scrape's count, which the engine has run past
+                wanted.append(max(0.0, ahead / rate - self.steps.age(now)))
         if not blocked:
             return None
         if self.steps.max_rate <= 0.0 and self.ledger.holdings:

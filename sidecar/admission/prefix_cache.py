@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sidecar.admission.capacity import PoolView
+from sidecar.admission.geometry import PoolView
 
 
 def prefix_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:

@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sidecar.admission.capacity import Steps
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The engine's step clock at decision time: a lower and an upper bound, each ``None`` if unknown."""
+
+    low: float | None = None
+    high: float | None = None
+
 
 RATE_MARGIN = 1.1
 """The upper bound runs this much faster than the fastest rate seen (an over-estimate is safe)."""
@@ -55,6 +62,16 @@ class StepClock:
         self._recent.append((now, steps))
         while len(self._recent) > 2 and now - self._recent[1][0] >= PACE_WINDOW_SECONDS:
             self._recent.popleft()  # keep the newest sample at least a window old
+
+    def steps_within(self, seconds: float) -> float | None:
+        """The most steps the engine runs in ``seconds`` (its top rate x the margin); ``None``: unknown."""
+        if self.max_rate <= 0.0:
+            return None
+        return seconds * self.max_rate * RATE_MARGIN
+
+    def age(self, now: float) -> float:
+        """Seconds since the last scrape's count was read (0 before any)."""
+        return 0.0 if self._last is None else max(0.0, now - self._last[0])
 
     def pace(self) -> float:
         """Steps per second to time the next scrape by (0 before two scrapes): see the module docstring."""

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.admission.capacity import PoolView
-from sidecar.admission.geometry import LayoutAnswer, engine_blocks_per_request, resolve_layout
+from sidecar.admission.geometry import LayoutAnswer, PoolView, engine_blocks_per_request, resolve_layout
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind

@@ -22,8 +22,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar import __version__
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.pressure import StaleMode
 from sidecar.monitor.documents import budget_document, finite
 from sidecar.monitor.monitor import Monitor

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings, Ticket
 from sidecar.admission.decide import AdmissionConfig
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.pressure import PressureDetector, PressureSettings
 from sidecar.server.metrics import AdmissionMetrics

@@ -6,14 +6,10 @@ import math
 
 import pytest
 
-from sidecar.admission.capacity import (
-    CapacityLedger,
-    Demand,
-    PoolView,
-    Steps,
-    blocks_for,
-)
+from sidecar.admission.capacity import CapacityLedger, Demand
+from sidecar.admission.geometry import PoolView, blocks_for
 from sidecar.admission.prefix_cache import prefix_hashes, prompt_hashes
+from sidecar.admission.rates import Steps
 
 POOL = PoolView(blocks=15, block_size=128)  # the real CPU engine: 16 blocks, one of them the null block
 UNKNOWN = Steps()
@@ -111,10 +107,10 @@ def test_a_long_request_starts_once_the_one_before_is_certain_to_end_in_time() -
     candidate = demand(600, 400)
     assert not ledger.fits(candidate, POOL, Steps(low=500, high=500))  # no scrape has shown it running
     ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
-    # the first is certain to end within 400 - progress + 3 prefill + 8 entry steps; the candidate (5 blocks
-    # at once, one more per 128 steps) must stay within 7 blocks until then: 600 + (411 - p) <= 896 -> p >= 115
-    assert not ledger.fits(candidate, POOL, Steps(low=114, high=114))
-    assert ledger.fits(candidate, POOL, Steps(low=115, high=115))
+    # the first is certain to end within 400 - progress + 3 prefill + 2 slack steps; the candidate (5 blocks
+    # at once, one more per 128 steps) must stay within 7 blocks until then: 600 + (405 - p) <= 896 -> p >= 109
+    assert not ledger.fits(candidate, POOL, Steps(low=108, high=108))
+    assert ledger.fits(candidate, POOL, Steps(low=109, high=109))
     waiting = CapacityLedger()
     waiting.add(demand(600, 400), Steps(low=0, high=0))
     waiting.observe_scrape(None, UNKNOWN, POOL, waiting=1, running=0, step_count=0, sampled_at=1.0)
@@ -246,14 +242,14 @@ def _running_long(ledger: CapacityLedger) -> None:
 @pytest.mark.parametrize(
     ("progress", "headroom", "full_for", "fits"),
     [
-        (114, 0, 0, False),  # the plain rule: the second needs the first 115 steps along (8 + 7 at its end)
-        (115, 0, 0, True),
-        (115, 1, 128, True),  # full only in the last 128 steps before a certain end: shorts wait that long
-        (114, 1, 128, False),  # ...and the plain rule still holds
-        (178, 1, 64, False),  # 64 steps before the end: 8 + 7 + 1 > 15
-        (179, 1, 64, True),  # 8 + 6 + 1
-        (242, 1, 0, False),  # no window: the headroom is kept to the end (8 + 7 + 1)
-        (243, 1, 0, True),
+        (108, 0, 0, False),  # the plain rule: the second needs the first 109 steps along (8 + 7 at its end)
+        (109, 0, 0, True),
+        (109, 1, 128, True),  # full only in the last 128 steps before a certain end: shorts wait that long
+        (108, 1, 128, False),  # ...and the plain rule still holds
+        (172, 1, 64, False),  # 64 steps before the end: 8 + 7 + 1 > 15
+        (173, 1, 64, True),  # 8 + 6 + 1
+        (236, 1, 0, False),  # no window: the headroom is kept to the end (8 + 7 + 1)
+        (237, 1, 0, True),
     ],
 )
 def test_headroom_may_be_used_only_just_before_a_certain_end(
@@ -276,9 +272,9 @@ def test_steps_until_fit_is_when_a_waiting_request_would_fit() -> None:
     ledger.add(demand(600, 400), Steps(low=0, high=0))
     assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) is None  # not shown running
     ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
-    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) == 65  # at 115 steps along
-    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=115, high=115)) == 0
-    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), headroom=1) == 193  # 243
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) == 59  # at 109 steps along
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=109, high=109)) == 0
+    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), headroom=1) == 187  # 237
     # 8 + 8 > 15 while the first is held: only its release lets this one in
     assert ledger.steps_until_fit(demand(900, 124), POOL, Steps(low=50, high=50)) is None
 
@@ -306,3 +302,19 @@ def test_a_request_that_ended_after_the_scrape_was_asked_is_read_as_in_flight_fo
     later.remove(ids[0], now=0.9)  # ended before the scrape was asked for: not in its counts
     later.observe_scrape(8, Steps(1000, 1000), POOL, waiting=0, running=3, step_count=1000, sampled_at=1.0)
     assert [h.started_high for h in later.holdings.values()] == [None, None]  # 3 > 2: someone else is there
+
+
+def test_a_request_that_starts_sooner_is_checked_over_a_shorter_span() -> None:
+    """The candidate may start late and end late while the others grow: the span allows for its start.
+
+    A (200 prompt, ~900 out, its end unknown) grows a block every 128 steps; the candidate (1,000 + 24:
+    8 blocks at once, 28 steps) fits a 10-block pool beside A only if A has not reached a third block by
+    the candidate's latest end: 200 + 28 + 20 = 248 tokens (2 blocks) when it starts within 20 steps,
+    200 + 28 + 128 = 356 (3 blocks) when nothing bounds its start.
+    """
+    pool = PoolView(blocks=10, block_size=128)
+    ledger = CapacityLedger()
+    ledger.add(Demand((200,), 1, 900, 1000, 2048), Steps(low=0, high=0))
+    candidate = Demand((1000,), 1, 24, 24, 2048)
+    assert ledger.fits(candidate, pool, Steps(low=0, high=0), start_within=20)
+    assert not ledger.fits(candidate, pool, Steps(low=0, high=0))

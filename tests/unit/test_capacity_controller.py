@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings, Ticket
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import DroppedError, Lane, Reason, RefusedError
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, StaleMode, Staleness
@@ -228,7 +228,7 @@ async def test_the_engine_sequence_limit_plus_one_staged_request_is_forwarded(ma
 
 
 async def test_a_waiting_request_asks_for_the_scrape_that_would_let_it_in() -> None:
-    """The second long request fits once the first is 115 steps along: a scrape is asked for then, not later."""
+    """The second long request fits once the first is 109 steps along: a scrape is asked for then, not later."""
     clock = Clock()
     controller = make(clock)
     asked: list[float] = []
@@ -239,11 +239,11 @@ async def test_a_waiting_request_asks_for_the_scrape_that_would_let_it_in() -> N
     controller.observe(clock.now, 0.3, stale=False, steps=1040, waiting=0, running=1)  # 400 steps/s; shown
     second = asyncio.create_task(admit(controller, LONG))
     await asyncio.sleep(0)
-    assert asked[-1] == pytest.approx(115 / 400)  # 115 steps from the scrape that showed the first running
-    clock.now += 0.29
-    controller.observe(clock.now, 0.4, stale=False, steps=1154, waiting=0, running=1)
-    assert controller.total_inflight == 1  # 114 steps along
-    controller.observe(clock.now, 0.4, stale=False, steps=1155, waiting=0, running=1)
+    assert asked[-1] == pytest.approx(109 / 400)  # 109 steps from the scrape that showed the first running
+    clock.now += 0.27
+    controller.observe(clock.now, 0.4, stale=False, steps=1148, waiting=0, running=1)
+    assert controller.total_inflight == 1  # 108 steps along
+    controller.observe(clock.now, 0.4, stale=False, steps=1149, waiting=0, running=1)
     assert controller.total_inflight == 2
     for ticket in (first, await asyncio.wait_for(second, 1.0)):
         controller.release(ticket)

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import PoolView
 from sidecar.admission.controller import AdmissionController, QueueSettings
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import DroppedError, Lane, Reason, RefusedError
 from sidecar.admission.pressure import PressureDetector, PressureSettings
 from sidecar.server.metrics import AdmissionMetrics

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.admission.capacity import CapacityLedger, Demand, PoolView, Steps
-from sidecar.admission.geometry import SINGLE_GROUP, GroupLayout, engine_blocks_per_request, resolve_layout
+from sidecar.admission.capacity import CapacityLedger, Demand
+from sidecar.admission.geometry import (
+    SINGLE_GROUP,
+    GroupLayout,
+    PoolView,
+    engine_blocks_per_request,
+    resolve_layout,
+)
 from sidecar.admission.prefix_cache import prompt_hashes
+from sidecar.admission.rates import Steps
 from sidecar.budget.architecture import Architecture, LayerKind, architecture_from_config
 from sidecar.budget.catalog import resolve_model
 from sidecar.budget.kv_groups import KvGroups, kv_groups, sliding_window_blocks

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import Steps
 from sidecar.admission.outcomes import Reason
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
-from sidecar.admission.rates import RATE_MARGIN, ReleaseRate, StepClock
+from sidecar.admission.rates import RATE_MARGIN, ReleaseRate, StepClock, Steps
 from sidecar.signals.vllm import parse_vllm_metrics
 
 ROUTE = "/v1/chat/completions"

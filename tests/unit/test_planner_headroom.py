@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import TRANSIT_SECONDS, PoolView
+from sidecar.admission.capacity import TRANSIT_SECONDS
+from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.planner import (
     CLOCK_SECONDS,
@@ -55,9 +56,9 @@ def test_a_scrape_is_wanted_soon_after_an_admission_no_scrape_has_shown() -> Non
     assert planner.scrape_wanted(10.0, [head]) is None  # nothing in flight: it fits
     planner.hold(facts(600, 400), (), 10.0, in_ledger=True)
     assert planner.scrape_wanted(10.0, [head]) == pytest.approx(ENTRY_SECONDS)
-    assert planner.scrape_wanted(10.1, [head]) == 0.0  # overdue: now
+    assert planner.scrape_wanted(10.0 + ENTRY_SECONDS + 0.01, [head]) == 0.0  # overdue: now
     # too old to be on its way: only the unknown step clock still asks
-    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS, [head]) == pytest.approx(CLOCK_SECONDS)
+    assert planner.scrape_wanted(10.0 + TRANSIT_SECONDS + 0.001, [head]) == pytest.approx(CLOCK_SECONDS)
     assert planner.scrape_wanted(10.0, [(facts(24, 16), (), False)]) is None  # a head that fits asks nothing
     assert planner.scrape_wanted(10.0, []) is None  # nobody waits for blocks
     planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
@@ -66,7 +67,9 @@ def test_a_scrape_is_wanted_soon_after_an_admission_no_scrape_has_shown() -> Non
     planner.observe(10.1, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.1)
     assert planner.scrape_wanted(10.11, [head]) == pytest.approx(CLOCK_SECONDS)  # no step between the two
     planner.observe(10.2, 0.3, stale=False, steps=1030, waiting=0, running=1, sampled_at=10.2)
-    assert planner.scrape_wanted(10.21, [head]) == pytest.approx(85 / 300)  # 115 - 30 steps to go at 300/s
+    assert planner.scrape_wanted(10.21, [head]) == pytest.approx(
+        79 / 300 - 0.01
+    )  # 109 - 30 steps at 300/s, from 10.2
 
 
 def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_request_needs() -> None:
@@ -75,12 +78,13 @@ def test_a_scrape_is_wanted_when_the_engine_will_have_run_the_steps_a_waiting_re
     planner.observe(10.05, 0.3, stale=False, steps=1000, waiting=0, running=1, sampled_at=10.05)
     planner.observe(10.30, 0.4, stale=False, steps=1100, waiting=0, running=1, sampled_at=10.30)  # 400/s
     head = (facts(600, 400), (), False)
-    # the second long fits once the first is 115 steps along (test_capacity): 15 more steps, 37.5 ms at 400/s
-    assert planner.scrape_wanted(10.31, [head]) == pytest.approx(15 / 400)
+    # the second long fits once the first is 109 steps along (test_capacity): 9 more steps, 22.5 ms at 400/s
+    # after the scrape that read the count (10.30), not after now
+    assert planner.scrape_wanted(10.31, [head]) == pytest.approx(9 / 400 - 0.01)
     assert planner.scrape_wanted(10.31, [(facts(24, 16), (), False)]) is None  # a short one fits already
     planner.observe(10.35, 0.4, stale=False, steps=1100, waiting=0, running=1, sampled_at=10.35)  # no step
-    # still 15 steps to go, timed by the last 0.3 s (100 steps: 333/s), not by the last 50 ms (0/s: never)
-    assert planner.scrape_wanted(10.36, [head]) == pytest.approx(15 / (100 / 0.3))
+    # still 9 steps to go, timed by the last 0.3 s (100 steps: 333/s), not by the last 50 ms (0/s: never)
+    assert planner.scrape_wanted(10.36, [head]) == pytest.approx(9 / (100 / 0.3) - 0.01)
 
 
 @pytest.mark.parametrize(
@@ -118,3 +122,20 @@ def test_a_scrape_can_wait_only_while_the_gauge_shows_nothing_beyond_the_ledger(
     assert not planner.scrape_can_wait({Lane.SHORT: 1})  # a queued request has a slot
     planner.ledger.unexplained = 2
     assert not planner.scrape_can_wait({})
+
+
+def test_a_request_with_a_sequence_slot_of_its_own_starts_within_its_transit() -> None:
+    """Its start margin is the transit at the engine's highest step rate; without a slot, nothing bounds it."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024, max_num_seqs=lambda: 2)
+    assert planner.start_within(facts(600, 400)) is None  # no step rate known yet
+    planner.observe(10.0, 0.0, stale=False, steps=1000, waiting=0, running=0, sampled_at=10.0)
+    planner.observe(10.1, 0.0, stale=False, steps=1050, waiting=0, running=0, sampled_at=10.1)  # 500 steps/s
+    assert planner.start_within(facts(600, 400)) == pytest.approx(TRANSIT_SECONDS * 500 * 1.1)
+    planner.hold(facts(24, 16), (), 10.1, in_ledger=True)
+    planner.hold(facts(24, 16), (), 10.1, in_ledger=True)
+    assert planner.start_within(facts(600, 400)) is None  # it would be staged: it waits for a release
+    unknown_limit = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    unknown_limit.observe(10.0, 0.0, stale=False, steps=1000, waiting=0, running=0, sampled_at=10.0)
+    unknown_limit.observe(10.1, 0.0, stale=False, steps=1050, waiting=0, running=0, sampled_at=10.1)
+    assert unknown_limit.start_within(facts(600, 400)) is None  # the engine's limit is not known
+
