@@ -88,7 +88,7 @@ async def compare(
                 )
             figures = {
                 k: summary.get(k)
-                for k in ("makespan", "short_p95", "preemptions", "lost", "proxy_cpu_seconds")
+                for k in ("makespan", "short_p95", "preemptions", "lost", "proxy_cpu_seconds", "engine_steps")
             }
             runs[target].append(figures)
             print(
@@ -146,9 +146,13 @@ def main() -> None:
         preemptions = statistics.median(r["preemptions"] for r in target_runs)
         lost = sum(r["lost"] for r in target_runs)
         cpu = [r["proxy_cpu_seconds"] for r in target_runs if r["proxy_cpu_seconds"] is not None]
+        steps = [(r["engine_steps"], r["makespan"]) for r in target_runs if r["engine_steps"]]
+        per_step = statistics.median(m / n * 1000 for n, m in steps) if steps else None
         print(f"  {target:<12} makespan {makespan:6.2f} s ({paired(runs, target, 'makespan')})"
               f"  short p95 {p95:5.2f} s ({paired(runs, target, 'short_p95')})  preemptions {preemptions:g}"
-              f"  lost {lost:g}  proxy CPU {f'{statistics.median(cpu):.2f} s' if cpu else '-'}")  # fmt: skip
+              f"  lost {lost:g}  proxy CPU {f'{statistics.median(cpu):.2f} s' if cpu else '-'}"
+              f"  engine steps {f'{statistics.median(n for n, _ in steps):.0f}' if steps else '-'}"
+              f" ({paired(runs, target, 'engine_steps')}; {f'{per_step:.2f} ms each' if per_step else '-'})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,239 @@
+"""How fast can a spike finish with no preemption at all? A step-count model of vLLM and of two admissions. Pure.
+
+Theory of operation
+-------------------
+Issue 11 asks capacity admission for two things at once on the admission suite's shapes: no preemption where
+straight vLLM preempts fewer than ten times, and the spike done within 1.15x of straight's time. This module
+asks what any admission that never lets vLLM preempt could achieve on the suite's own draws, apart from the
+sidecar's knowledge of the engine (scrapes, transit, its own CPU): it replays a round in engine steps.
+
+* **The engine** (:func:`engine_schedule`), as vLLM 0.32's V1 scheduler runs it (``vllm/v1/core/sched/
+  scheduler.py``, ``Scheduler.schedule``, read as installed): running requests first, oldest first, each
+  needing the blocks of every token it has (``KVCacheManager.allocate_slots``: ``cdiv(num_computed +
+  num_new_tokens, block_size)``); when one cannot have them, the newest running request is preempted
+  (``self.running.pop()``, ``_preempt_request``: its blocks freed, put at the front of the waiting queue, its
+  tokens recomputed when it runs again); waiting requests are taken first come, first served only in a step
+  that preempted nobody (``if not preempted_reqs``), while a sequence slot is free and the first one's tokens
+  fit, stopping at the first that does not. One null block is never handed out (``BlockPool``), so the pool is
+  ``num_gpu_blocks - 1``. Each scheduled request produces one token per step; a prefill is one step (the token
+  budget, ``max_num_batched_tokens``, is not modelled: the suite's prompts fit in one).
+* **A clairvoyant preemption-free admission** (:func:`preemption_free_schedule`): it knows every request's
+  exact answer length and progress, and admits a waiting request (smallest first) when, with every running
+  request growing one token per step until it ends, the pool holds everyone at every step to come. That is
+  the most any admission can let in without vLLM ever running out of blocks, short of reordering to stagger
+  peaks; vLLM then never preempts.
+* **The sidecar's ledger told the truth** (:func:`ledger_schedule`): the same replay deciding with
+  :meth:`sidecar.admission.capacity.CapacityLedger.fits`, each holding's start and progress given exactly (as
+  if every scrape were instant and free). Its distance from the measured suite is what the sidecar's
+  knowledge of the engine costs; its distance from straight is what never preempting costs.
+
+Steps are not seconds: straight's steps carry recomputed prefills and four sequences, the others' fewer. On
+this project's CPU server a decode step of the suite's shapes takes about 2 ms either way (a mid-size round:
+~1,800 steps in ~3.5 s straight), so arrivals are placed at ``at / step_seconds``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sidecar.admission.capacity import CapacityLedger, Demand
+from sidecar.admission.geometry import PoolView
+from sidecar.admission.rates import Steps
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request of a replay: when it arrives (engine step), its prompt and its exact answer length."""
+
+    step: int
+    prompt: int
+    output: int
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """The engine's limits: usable blocks (the null block already taken off), block size, sequences."""
+
+    blocks: int
+    block_size: int
+    max_seqs: int
+
+    def held(self, tokens: int) -> int:
+        """Blocks a sequence of ``tokens`` tokens holds."""
+        return math.ceil(tokens / self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A replay's result: steps until the last answer ended, preemptions, the most blocks in use at once, and
+    the step each request ended at (in the order of ``arrivals``)."""
+
+    steps: int
+    preemptions: int
+    peak_blocks: int
+    ends: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _Running:
+    arrival: Arrival
+    generated: int = 0  # tokens produced so far; the next step needs blocks for prompt + generated
+    blocks: int = 0  # blocks allocated to it now (engine_schedule)
+    ended: int | None = None  # the step its last token came at
+    holding: int | None = field(default=None)  # the ledger's id, for ledger_schedule
+
+
+def _tokens_needed(request: _Running) -> int:
+    """Tokens whose KV this step writes up to: the prompt (prefill) or every token before the next one."""
+    return request.arrival.prompt + request.generated
+
+
+def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
+    """Straight to vLLM: admits what fits now, preempts the newest when a running request needs a block."""
+    pending = sorted(arrivals, key=lambda a: a.step)
+    waiting: list[_Running] = []
+    running: list[_Running] = []
+    everyone: dict[int, _Running] = {}
+    step = done = preemptions = peak = 0
+    while done < len(arrivals):
+        while pending and pending[0].step <= step:
+            waiting.append(everyone.setdefault(len(everyone), _Running(pending.pop(0))))
+        preempted = False
+        scheduled: list[_Running] = []
+        for request in list(running):
+            if request not in running:
+                continue  # preempted earlier in this step
+            while engine.held(_tokens_needed(request)) - request.blocks > _free(running, engine):
+                victim = running.pop()
+                victim.blocks = 0  # freed; its tokens so far are prefilled again when it runs
+                if victim in scheduled:
+                    scheduled.remove(victim)
+                waiting.insert(0, victim)
+                preemptions += 1
+                preempted = True
+                if victim is request:
+                    break
+            if request in running:
+                request.blocks = engine.held(_tokens_needed(request))
+                scheduled.append(request)
+        while not preempted and waiting and len(running) < engine.max_seqs:
+            if engine.held(_tokens_needed(waiting[0])) > _free(running, engine):
+                break
+            request = waiting.pop(0)
+            request.blocks = engine.held(_tokens_needed(request))
+            running.append(request)
+            scheduled.append(request)
+        peak = max(peak, sum(r.blocks for r in running))
+        done += _advance(scheduled, running, step)
+        step += 1
+    return Outcome(step, preemptions, peak, _ends(arrivals, everyone.values()))
+
+
+def _free(running: Sequence[_Running], engine: Engine) -> int:
+    return engine.blocks - sum(r.blocks for r in running)
+
+
+def _advance(scheduled: list[_Running], running: list[_Running], step: int) -> int:
+    """Every scheduled request produces a token; returns how many ended (and drops them)."""
+    ended = 0
+    for request in scheduled:
+        request.generated += 1
+        if request.generated >= request.arrival.output:
+            running.remove(request)
+            request.ended = step
+            ended += 1
+    return ended
+
+
+def _ends(arrivals: Sequence[Arrival], requests: Iterable[_Running]) -> tuple[int, ...]:
+    """Each arrival's end step, in the order of ``arrivals`` (equal arrivals in their order of arrival)."""
+    by_arrival: dict[Arrival, list[int]] = {}
+    for request in sorted(requests, key=lambda r: r.arrival.step):
+        by_arrival.setdefault(request.arrival, []).append(-1 if request.ended is None else request.ended)
+    return tuple(by_arrival[a].pop(0) for a in arrivals)
+
+
+def _peak_with(running: Sequence[_Running], candidate: Arrival, engine: Engine) -> int:
+    """The most blocks in use at any step to come if ``candidate`` starts now and nobody else does."""
+    lives = [(r.arrival.prompt + r.generated, r.arrival.output - r.generated) for r in running]
+    lives.append((candidate.prompt, candidate.output))
+    points = {left - 1 for _, left in lives}  # usage only grows until someone's last step
+    return max(sum(engine.held(start + at) for start, left in lives if at < left) for at in points)
+
+
+def _greedy(
+    arrivals: Sequence[Arrival], engine: Engine, fits: Callable[[list[_Running], Arrival, int], bool],
+    admitted: Callable[[_Running, int], None], ended: Callable[[_Running, int], None],
+) -> Outcome:  # fmt: skip
+    """Admits the smallest waiting request whose ``fits`` says yes, one step at a time; nothing is preempted."""
+    pending = sorted(arrivals, key=lambda a: a.step)
+    waiting: list[Arrival] = []
+    running: list[_Running] = []
+    everyone: list[_Running] = []
+    step = done = peak = 0
+    while done < len(arrivals):
+        while pending and pending[0].step <= step:
+            waiting.append(pending.pop(0))
+        refused: set[tuple[int, int]] = set()
+        for arrival in sorted(waiting, key=lambda a: (a.prompt + a.output, a.step)):
+            if len(running) >= engine.max_seqs:
+                break
+            if (arrival.prompt, arrival.output) in refused:
+                continue
+            if not fits(running, arrival, step):
+                refused.add((arrival.prompt, arrival.output))
+                continue
+            waiting.remove(arrival)
+            request = _Running(arrival)
+            running.append(request)
+            everyone.append(request)
+            admitted(request, step)
+        peak = max(peak, sum(engine.held(_tokens_needed(r)) for r in running))
+        for request in list(running):
+            request.generated += 1
+            if request.generated >= request.arrival.output:
+                running.remove(request)
+                request.ended = step
+                ended(request, step)
+                done += 1
+        step += 1
+    return Outcome(step, 0, peak, _ends(arrivals, everyone))
+
+
+def preemption_free_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
+    """The clairvoyant preemption-free admission (see the module docstring)."""
+    return _greedy(
+        arrivals, engine, lambda running, arrival, _: _peak_with(running, arrival, engine) <= engine.blocks,
+        lambda request, step: None, lambda request, step: None,
+    )  # fmt: skip
+
+
+def ledger_schedule(
+    arrivals: Sequence[Arrival], engine: Engine, *, start_within: float | None, max_model_len: int = 1_000_000
+) -> Outcome:
+    """The sidecar's :class:`CapacityLedger` deciding, every holding's start and progress known exactly.
+
+    ``start_within`` is the start margin the planner gives a request with a free sequence slot (every
+    request here has one: :meth:`~sidecar.admission.planner.CapacityPlanner.start_within`; ``None``: the
+    ledger's default).
+    """
+    ledger = CapacityLedger()
+    pool = PoolView(engine.blocks, engine.block_size, prefix_caching=False)
+
+    def demand(arrival: Arrival) -> Demand:
+        return Demand((arrival.prompt,), 1, arrival.output, arrival.output, max_model_len)
+
+    def fits(running: list[_Running], arrival: Arrival, step: int) -> bool:
+        return ledger.fits(demand(arrival), pool, Steps(step, step), start_within=start_within)
+
+    def admitted(request: _Running, step: int) -> None:
+        request.holding = ledger.add(demand(request.arrival), Steps(step, step), float(step))
+        ledger.holdings[request.holding].started_high = step
+
+    def ended(request: _Running, step: int) -> None:
+        if request.holding is not None:
+            ledger.remove(request.holding, float(step))
+
+    return _greedy(arrivals, engine, fits, admitted, ended)
