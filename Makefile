@@ -35,7 +35,7 @@ bench: setup
 	$(BIN)/python -m bench.proxy_overhead
 	$(BIN)/python -m bench.spike --quiet
 
-## bench-admission: five traffic shapes against a real vLLM, straight and through a fresh sidecar each (ARGS=...)
+## bench-admission: five traffic shapes against a real vLLM, straight and through one sidecar kept for the suite (ARGS=...)
 bench-admission: setup
 	$(BIN)/python -m bench.admission_suite $(ARGS)
 
