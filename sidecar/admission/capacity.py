@@ -198,6 +198,18 @@ class Holding:
         return max(0, demand.output_bound - self.progress_low(step_low)) + prefill
 
 
+@dataclass(frozen=True, slots=True)
+class Margins:
+    """What a candidate must leave free, and how late it may start (:meth:`CapacityLedger.fits`)."""
+
+    headroom: int = 0  # blocks left free...
+    full_for: float = 0.0  # ...except in the last this many steps before a certain end
+    start_within: float | None = None  # steps within which it starts (None: unknown, one block's worth)
+
+
+NO_MARGINS = Margins()
+
+
 @dataclass(slots=True)
 class CapacityLedger:
     """In-flight holdings, their shared prefix blocks, and the gauge's unexplained blocks."""
@@ -250,28 +262,21 @@ class CapacityLedger:
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         return demand.private_blocks(0, math.inf, pool) + new_shared
 
-    def fits(
-        self,
-        demand: Demand,
-        pool: PoolView,
-        steps: Steps,
-        *,
-        headroom: int = 0,
-        full_for: float = 0.0,
-        start_within: float | None = None,
-    ) -> bool:
-        """Whether ``demand`` fits beside everyone over its lifetime, leaving ``headroom`` blocks free.
+    def fits(self, demand: Demand, pool: PoolView, steps: Steps, margins: Margins = NO_MARGINS) -> bool:
+        """Whether ``demand`` fits beside everyone over its lifetime, leaving ``margins.headroom`` free.
 
-        The headroom may be used in the last ``full_for`` steps before each certain end (usage only grows
-        between releases): a request needing it then waits at most that long. ``start_within``: the steps
-        within which the request is certain to start (``None``: unknown, taken as ``block_size``, about what a
-        request's transit takes at the highest step rates seen). A request that starts late ends late: others
-        go on growing while it sits at its peak, so the pool is checked up to its latest end. With nothing of
-        the sidecar's in flight the answer is yes, whatever the gauge says: waiting for blocks held by others
-        (clients bypassing the sidecar) could last forever, and vLLM queues a request it cannot place yet.
+        The headroom may be used in the last ``margins.full_for`` steps before each certain end (usage
+        only grows between releases): a request needing it then waits at most that long.
+        ``margins.start_within``: the steps within which the request is certain to start (``None``: unknown,
+        taken as ``block_size``, about a transit at the highest step rates seen). A request that starts late
+        ends late: others go on growing while it sits at its peak, so the pool is checked up to its latest
+        end. With nothing of the sidecar's in flight the answer is yes, whatever the gauge says: waiting for
+        blocks held by others (clients bypassing the sidecar) could last forever, and vLLM queues a request
+        it cannot place yet by itself.
         """
         if not self.holdings:
             return True
+        headroom, full_for, start_within = margins.headroom, margins.full_for, margins.start_within
         lifetime = demand.lifetime + (pool.block_size if start_within is None else start_within)
         new_shared = sum(1 for h in demand.all_hashes if h not in self.shared)
         base = len(self.shared) + new_shared + self.unexplained
@@ -298,14 +303,7 @@ class CapacityLedger:
         return True
 
     def steps_until_fit(
-        self,
-        demand: Demand,
-        pool: PoolView,
-        steps: Steps,
-        *,
-        headroom: int = 0,
-        full_for: float = 0.0,
-        start_within: float | None = None,
+        self, demand: Demand, pool: PoolView, steps: Steps, margins: Margins = NO_MARGINS
     ) -> float | None:
         """About how many engine steps from now :meth:`fits` says yes if nobody comes or goes (else ``None``).
 
@@ -319,9 +317,7 @@ class CapacityLedger:
 
         def fits_after(ahead: float) -> bool:
             later = Steps(low + ahead, None if high is None else high + ahead)
-            return self.fits(
-                demand, pool, later, headroom=headroom, full_for=full_for, start_within=start_within
-            )
+            return self.fits(demand, pool, later, margins)
 
         if fits_after(0.0):
             return 0.0

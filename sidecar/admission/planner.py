@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand
+from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand, Margins
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
@@ -110,11 +110,14 @@ class CapacityPlanner:
         demand, pool = self.demand(facts, hashes), self.pool()
         if demand is None or pool is None:
             return True
-        room = self._short_room(now, leave_short_room=leave_short_room)
         return self.ledger.fits(
-            demand, pool, self.steps.bounds(now), headroom=room, full_for=SHORT_WAIT_STEPS,
-            start_within=self.start_within(facts),
-        )  # fmt: skip
+            demand, pool, self.steps.bounds(now), self._margins(facts, now, leave_short_room)
+        )
+
+    def _margins(self, facts: RequestFacts, now: float, leave_short_room: bool) -> Margins:
+        """The short-request room, its window and the request's start margin."""
+        room = self._short_room(now, leave_short_room=leave_short_room)
+        return Margins(room, SHORT_WAIT_STEPS, self.start_within(facts))
 
     def start_within(self, facts: RequestFacts) -> float | None:
         """Engine steps within which the request starts if admitted now, or ``None`` when nothing bounds it.
@@ -153,11 +156,8 @@ class CapacityPlanner:
         steps = self.steps.bounds(now)
         if pool is None or waiting is None or extra is None or steps.low is None:
             return False
-        room = self._short_room(now, leave_short_room=head[2])
-        start = self.start_within(head[0])
-        ahead = self.ledger.steps_until_fit(
-            waiting, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
-        )
+        margins = self._margins(head[0], now, head[2])
+        ahead = self.ledger.steps_until_fit(waiting, pool, steps, margins)
         if ahead is None:
             return False
         if extra.expected_output >= extra.output_bound and extra.lifetime + ENTRY_STEPS <= ahead:
@@ -165,9 +165,7 @@ class CapacityPlanner:
         later = Steps(steps.low + ahead, None if steps.high is None else steps.high + ahead)
         trial = self.ledger.add(extra, steps, now)
         try:
-            return self.ledger.fits(
-                waiting, pool, later, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
-            )
+            return self.ledger.fits(waiting, pool, later, margins)
         finally:
             self.ledger.discard(trial)
 
@@ -208,15 +206,11 @@ class CapacityPlanner:
         blocked, wanted = False, list[float]()
         for facts, hashes, leave_short_room in heads:
             demand = self.demand(facts, hashes)
-            room, start = self._short_room(now, leave_short_room=leave_short_room), self.start_within(facts)
-            if demand is None or self.ledger.fits(
-                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
-            ):
+            margins = self._margins(facts, now, leave_short_room)
+            if demand is None or self.ledger.fits(demand, pool, steps, margins):
                 continue
             blocked = True
-            ahead = self.ledger.steps_until_fit(
-                demand, pool, steps, headroom=room, full_for=SHORT_WAIT_STEPS, start_within=start
-            )
+            ahead = self.ledger.steps_until_fit(demand, pool, steps, margins)
             if ahead and rate > 0:  # counted from the last scrape's count, which the engine has run past
                 wanted.append(max(0.0, ahead / rate - self.steps.age(now)))
         if not blocked:

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from sidecar.admission.capacity import CapacityLedger, Demand
+from sidecar.admission.capacity import CapacityLedger, Demand, Margins
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.rates import Steps
 
@@ -226,7 +226,7 @@ def ledger_schedule(
         return Demand((arrival.prompt,), 1, arrival.output, arrival.output, max_model_len)
 
     def fits(running: list[_Running], arrival: Arrival, step: int) -> bool:
-        return ledger.fits(demand(arrival), pool, Steps(step, step), start_within=start_within)
+        return ledger.fits(demand(arrival), pool, Steps(step, step), Margins(start_within=start_within))
 
     def admitted(request: _Running, step: int) -> None:
         request.holding = ledger.add(demand(request.arrival), Steps(step, step), float(step))

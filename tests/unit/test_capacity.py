@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sidecar.admission.capacity import CapacityLedger, Demand
+from sidecar.admission.capacity import CapacityLedger, Demand, Margins
 from sidecar.admission.geometry import PoolView, blocks_for
 from sidecar.admission.prefix_cache import prefix_hashes, prompt_hashes
 from sidecar.admission.rates import Steps
@@ -263,7 +263,7 @@ def test_headroom_may_be_used_only_just_before_a_certain_end(
     ledger = CapacityLedger()
     _running_long(ledger)
     steps = Steps(low=progress, high=progress)
-    assert ledger.fits(demand(600, 400), POOL, steps, headroom=headroom, full_for=full_for) is fits
+    assert ledger.fits(demand(600, 400), POOL, steps, Margins(headroom, full_for)) is fits
 
 
 def test_steps_until_fit_is_when_a_waiting_request_would_fit() -> None:
@@ -274,7 +274,9 @@ def test_steps_until_fit_is_when_a_waiting_request_would_fit() -> None:
     ledger.observe_scrape(None, UNKNOWN, POOL, waiting=0, running=1, step_count=0, sampled_at=1.0)
     assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50)) == 59  # at 109 steps along
     assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=109, high=109)) == 0
-    assert ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), headroom=1) == 187  # 237
+    assert (
+        ledger.steps_until_fit(demand(600, 400), POOL, Steps(low=50, high=50), Margins(headroom=1)) == 187
+    )  # 237
     # 8 + 8 > 15 while the first is held: only its release lets this one in
     assert ledger.steps_until_fit(demand(900, 124), POOL, Steps(low=50, high=50)) is None
 
@@ -316,5 +318,5 @@ def test_a_request_that_starts_sooner_is_checked_over_a_shorter_span() -> None:
     ledger = CapacityLedger()
     ledger.add(Demand((200,), 1, 900, 1000, 2048), Steps(low=0, high=0))
     candidate = Demand((1000,), 1, 24, 24, 2048)
-    assert ledger.fits(candidate, pool, Steps(low=0, high=0), start_within=20)
+    assert ledger.fits(candidate, pool, Steps(low=0, high=0), Margins(start_within=20))
     assert not ledger.fits(candidate, pool, Steps(low=0, high=0))

@@ -138,4 +138,3 @@ def test_a_request_with_a_sequence_slot_of_its_own_starts_within_its_transit() -
     unknown_limit.observe(10.0, 0.0, stale=False, steps=1000, waiting=0, running=0, sampled_at=10.0)
     unknown_limit.observe(10.1, 0.0, stale=False, steps=1050, waiting=0, running=0, sampled_at=10.1)
     assert unknown_limit.start_within(facts(600, 400)) is None  # the engine's limit is not known
-
