@@ -30,8 +30,8 @@ from sidecar.admission.capacity import TRANSIT_SECONDS
 from sidecar.admission.rates import RATE_MARGIN
 from sidecar.monitor.pool import usable_blocks
 from tests.harness.admission_bound import (
-    Arrival,
     Engine,
+    arrivals_of,
     engine_schedule,
     ledger_schedule,
     preemption_free_schedule,
@@ -50,7 +50,7 @@ def replay(
     if drawn_shape.seconds > 0:
         drawn_shape = dataclasses.replace(drawn_shape, rate=overload_rate)
     drawn = plan(drawn_shape, f"{seed}-{shape}-{round_}")
-    arrivals = [Arrival(int(p.at / step_seconds), p.prompt_len, p.kind.max_tokens) for p in drawn]
+    arrivals = arrivals_of(drawn, step_seconds)
     start_within = math.ceil(TRANSIT_SECONDS / step_seconds * RATE_MARGIN)  # the planner's, at this rate
     straight = engine_schedule(arrivals, engine)
     clairvoyant = preemption_free_schedule(arrivals, engine)

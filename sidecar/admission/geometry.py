@@ -56,7 +56,7 @@ class GroupLayout:
 
     def blocks(self, tokens: int, block_size: int) -> int:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
-        whole = max(0, math.ceil(tokens / block_size))
+        whole = blocks_for(tokens, block_size)
         return (
             self.full * whole
             + self.sliding * min(whole, self.window_cap)

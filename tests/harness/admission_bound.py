@@ -34,13 +34,14 @@ this project's CPU server a decode step of the suite's shapes takes about 2 ms e
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.admission.capacity import CapacityLedger, Demand, Margins
-from sidecar.admission.geometry import PoolView
+from sidecar.admission.geometry import PoolView, blocks_for
 from sidecar.admission.rates import Steps
+from tests.harness.admission_shapes import Planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class Engine:
 
     def held(self, tokens: int) -> int:
         """Blocks a sequence of ``tokens`` tokens holds."""
-        return math.ceil(tokens / self.block_size)
+        return blocks_for(tokens, self.block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +91,30 @@ def _tokens_needed(request: _Running) -> int:
     return request.arrival.prompt + request.generated
 
 
+def arrivals_of(drawn: Sequence[Planned], step_seconds: float) -> list[Arrival]:
+    """A suite draw (:func:`tests.harness.admission_shapes.plan`) in engine steps, ``step_seconds`` each."""
+    return [Arrival(int(p.at / step_seconds), p.prompt_len, p.kind.max_tokens) for p in drawn]
+
+
+def _requests(arrivals: Sequence[Arrival]) -> tuple[list[_Running], deque[_Running]]:
+    """One record per arrival, in the order of ``arrivals``, and the same records in order of arrival."""
+    requests = [_Running(arrival) for arrival in arrivals]
+    return requests, deque(sorted(requests, key=lambda r: r.arrival.step))
+
+
+def _ends(requests: Sequence[_Running]) -> tuple[int, ...]:
+    return tuple(-1 if r.ended is None else r.ended for r in requests)
+
+
 def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
     """Straight to vLLM: admits what fits now, preempts the newest when a running request needs a block."""
-    pending = sorted(arrivals, key=lambda a: a.step)
+    requests, pending = _requests(arrivals)
     waiting: list[_Running] = []
     running: list[_Running] = []
-    everyone: dict[int, _Running] = {}
     step = done = preemptions = peak = 0
     while done < len(arrivals):
-        while pending and pending[0].step <= step:
-            waiting.append(everyone.setdefault(len(everyone), _Running(pending.pop(0))))
+        while pending and pending[0].arrival.step <= step:
+            waiting.append(pending.popleft())
         preempted = False
         scheduled: list[_Running] = []
         for request in list(running):
@@ -128,7 +143,7 @@ def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
         peak = max(peak, sum(r.blocks for r in running))
         done += _advance(scheduled, running, step)
         step += 1
-    return Outcome(step, preemptions, peak, _ends(arrivals, everyone.values()))
+    return Outcome(step, preemptions, peak, _ends(requests))
 
 
 def _free(running: Sequence[_Running], engine: Engine) -> int:
@@ -147,14 +162,6 @@ def _advance(scheduled: list[_Running], running: list[_Running], step: int) -> i
     return ended
 
 
-def _ends(arrivals: Sequence[Arrival], requests: Iterable[_Running]) -> tuple[int, ...]:
-    """Each arrival's end step, in the order of ``arrivals`` (equal arrivals in their order of arrival)."""
-    by_arrival: dict[Arrival, list[int]] = {}
-    for request in sorted(requests, key=lambda r: r.arrival.step):
-        by_arrival.setdefault(request.arrival, []).append(-1 if request.ended is None else request.ended)
-    return tuple(by_arrival[a].pop(0) for a in arrivals)
-
-
 def _peak_with(running: Sequence[_Running], candidate: Arrival, engine: Engine) -> int:
     """The most blocks in use at any step to come if ``candidate`` starts now and nobody else does."""
     lives = [(r.arrival.prompt + r.generated, r.arrival.output - r.generated) for r in running]
@@ -168,27 +175,25 @@ def _greedy(
     admitted: Callable[[_Running, int], None], ended: Callable[[_Running, int], None],
 ) -> Outcome:  # fmt: skip
     """Admits the smallest waiting request whose ``fits`` says yes, one step at a time; nothing is preempted."""
-    pending = sorted(arrivals, key=lambda a: a.step)
-    waiting: list[Arrival] = []
+    requests, pending = _requests(arrivals)
+    waiting: list[_Running] = []
     running: list[_Running] = []
-    everyone: list[_Running] = []
     step = done = peak = 0
     while done < len(arrivals):
-        while pending and pending[0].step <= step:
-            waiting.append(pending.pop(0))
-        refused: set[tuple[int, int]] = set()
-        for arrival in sorted(waiting, key=lambda a: (a.prompt + a.output, a.step)):
+        while pending and pending[0].arrival.step <= step:
+            waiting.append(pending.popleft())
+        refused: set[tuple[int, int]] = set()  # sizes that did not fit this step: their equals do not either
+        for request in sorted(waiting, key=lambda r: (r.arrival.prompt + r.arrival.output, r.arrival.step)):
+            size = (request.arrival.prompt, request.arrival.output)
             if len(running) >= engine.max_seqs:
                 break
-            if (arrival.prompt, arrival.output) in refused:
+            if size in refused:
                 continue
-            if not fits(running, arrival, step):
-                refused.add((arrival.prompt, arrival.output))
+            if not fits(running, request.arrival, step):
+                refused.add(size)
                 continue
-            waiting.remove(arrival)
-            request = _Running(arrival)
+            waiting.remove(request)
             running.append(request)
-            everyone.append(request)
             admitted(request, step)
         peak = max(peak, sum(engine.held(_tokens_needed(r)) for r in running))
         for request in list(running):
@@ -199,7 +204,7 @@ def _greedy(
                 ended(request, step)
                 done += 1
         step += 1
-    return Outcome(step, 0, peak, _ends(arrivals, everyone))
+    return Outcome(step, 0, peak, _ends(requests))
 
 
 def preemption_free_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:

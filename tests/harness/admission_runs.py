@@ -21,9 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.signals import parse_vllm_metrics
 from tests.harness.admission_shapes import Planned, Shape
-from tests.harness.spike import ENGINE_POLL_SECONDS, _engine_sample
+from tests.harness.spike import ENGINE_POLL_SECONDS, _engine_sample, engine_snapshot
 
 
 @dataclass
@@ -135,8 +134,7 @@ async def run_once(
     peak_kv, max_queue = 0.0, 0
     stop = asyncio.Event()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        _, preempt_before, _ = await _engine_sample(session, engine)
-        steps_before = await _engine_steps(session, engine)
+        before = await engine_snapshot(session, engine)
 
         async def watch_engine() -> None:
             nonlocal peak_kv
@@ -169,22 +167,16 @@ async def run_once(
         ended_retries = max((a.ended_at for c in clients for a in (c.first, c.retry) if a), default=started)
         stop.set()
         await asyncio.gather(*watchers, return_exceptions=True)
-        _, preempt_after, _ = await _engine_sample(session, engine)
-        steps_after = await _engine_steps(session, engine)
+        after = await engine_snapshot(session, engine)
     first_send = started + min((p.at for p in planned), default=0.0)
-    preemptions = (preempt_after or 0) - (preempt_before or 0)
+    preemptions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
+    steps_before, steps_after = before.iterations_total, after.iterations_total
     return summarize(shape, clients, preemptions, peak_kv, ended - first_send) | {
         "makespan_with_retries": ended_retries - first_send,
         "max_queue_depth": max_queue if admin else None,
         "engine_steps": None if steps_after is None or steps_before is None else steps_after - steps_before,
         "clients": [asdict(c) for c in clients],
     }
-
-
-async def _engine_steps(session: aiohttp.ClientSession, engine: str) -> float | None:
-    """vLLM's engine steps so far (``vllm:iteration_tokens_total``'s count), as the sidecar reads them."""
-    async with session.get(engine + "/metrics") as response:
-        return parse_vllm_metrics(await response.text()).iterations_total
 
 
 def summarize(

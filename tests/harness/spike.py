@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.signals import parse_vllm_metrics
+from sidecar.signals import EngineSnapshot, parse_vllm_metrics
 from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 
 RESULTS = ROOT / "bench" / "results"
@@ -112,11 +112,16 @@ class SpikeReport:
         }
 
 
+async def engine_snapshot(session: aiohttp.ClientSession, engine: str) -> EngineSnapshot:
+    """vLLM's ``/metrics`` page, read as the sidecar reads it."""
+    async with session.get(engine + "/metrics") as response:
+        return parse_vllm_metrics(await response.text())
+
+
 async def _engine_sample(
     session: aiohttp.ClientSession, engine: str
 ) -> tuple[float | None, float | None, float]:
-    async with session.get(engine + "/metrics") as response:
-        snapshot = parse_vllm_metrics(await response.text())
+    snapshot = await engine_snapshot(session, engine)
     return snapshot.kv_usage, snapshot.preemptions_total, (snapshot.running or 0) + (snapshot.waiting or 0)
 
 

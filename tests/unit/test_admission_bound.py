@@ -7,6 +7,7 @@ import pytest
 from tests.harness.admission_bound import (
     Arrival,
     Engine,
+    arrivals_of,
     engine_schedule,
     ledger_schedule,
     preemption_free_schedule,
@@ -45,7 +46,7 @@ def test_requests_that_fit_together_run_together(schedule) -> None:  # type: ign
 def test_the_ledger_and_the_clairvoyant_never_overfill_the_pool_on_the_suites_draws() -> None:
     """On a mid-size draw straight vLLM preempts; neither preemption-free admission ever needs more blocks."""
     drawn = plan(SHAPES["mid-size"], "7-mid-size-0")
-    arrivals = [Arrival(int(p.at / 0.002), p.prompt_len, p.kind.max_tokens) for p in drawn]
+    arrivals = arrivals_of(drawn, 0.002)
     straight = engine_schedule(arrivals, ENGINE)
     assert straight.preemptions > 0
     for outcome in (
@@ -59,7 +60,7 @@ def test_the_ledger_and_the_clairvoyant_never_overfill_the_pool_on_the_suites_dr
 def test_a_larger_start_margin_never_lets_the_ledger_finish_sooner() -> None:
     """The margin only keeps requests out longer (the bench reports what the planner's margin costs)."""
     drawn = plan(SHAPES["mid-size"], "7-mid-size-2")
-    arrivals = [Arrival(int(p.at / 0.002), p.prompt_len, p.kind.max_tokens) for p in drawn]
+    arrivals = arrivals_of(drawn, 0.002)
     tight = ledger_schedule(arrivals, ENGINE, start_within=0)
     default = ledger_schedule(arrivals, ENGINE, start_within=None)  # one block's worth of steps
     assert tight.steps <= default.steps
