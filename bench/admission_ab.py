@@ -8,7 +8,9 @@ cached, and every target of a round gets the same token-id prompts and sampling 
 ``name=`` alone is the defaults). ``--bare`` adds a target that goes through ``bench/bare_proxy.py`` (the
 40-line streaming aiohttp pass-through, no admission): the hop's own cost on this machine, apart from what
 the policy does. Prints each run and the medians (makespan, short p95, preemptions, lost, and the CPU seconds
-the proxy process, sidecar or bare, used during the run), with each target's paired ratio to straight; the engine is the
+the proxy process, sidecar or bare, used during the run; vLLM's steps and the time per step; the sidecar's scrapes
+a second), with each target's paired ratio to straight; ``--overload-rate`` and ``--overload-seconds`` size the
+sustained overload as the suite's options do; the engine is the
 admission suite's (started here unless ``--engine-url`` is given).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_once
-from tests.harness.admission_shapes import SHAPES, Planned, plan
+from tests.harness.admission_shapes import SHAPES, Planned, Shape, plan
 from tests.harness.admission_suite import reset_prefix_cache, stop_process, through_sidecar
 from tests.harness.spike import wait_idle
 from tests.harness.vllm import VllmServer, free_port, make_tiny_model, vllm_python, wait_http
@@ -35,7 +38,7 @@ BARE = "bare"
 
 
 async def through_bare_proxy(
-    engine: str, shape_name: str, planned: list[Planned], token_seed: int
+    engine: str, shape: Shape, planned: list[Planned], token_seed: int
 ) -> dict[str, Any]:
     """One run through a fresh bare streaming proxy in front of ``engine``."""
     port = free_port()
@@ -46,7 +49,7 @@ async def through_bare_proxy(
     try:
         await wait_http(f"http://127.0.0.1:{port}/v1/models", within=30)
         before = process_cpu_seconds(process.pid)
-        summary = await run_once(f"http://127.0.0.1:{port}", engine, SHAPES[shape_name], planned, token_seed)
+        summary = await run_once(f"http://127.0.0.1:{port}", engine, shape, planned, token_seed)
         return summary | {"proxy_cpu_seconds": cpu_spent(process.pid, before)}
     finally:
         stop_process(process)
@@ -63,11 +66,11 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 async def compare(
-    engine: str, model: Path, shape_name: str, rounds: int, variants: dict[str, list[str]], workdir: Path,
+    engine: str, model: Path, shape: Shape, rounds: int, variants: dict[str, list[str]], workdir: Path,
     *, bare: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """Every round: the same draw straight, through each variant (and the bare proxy); each run's figures."""
-    shape = SHAPES[shape_name]
+    shape_name = shape.name
     targets = [STRAIGHT, *([BARE] if bare else []), *variants]
     runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     index = 0
@@ -80,7 +83,7 @@ async def compare(
             if target == STRAIGHT:
                 summary = await run_once(engine, engine, shape, planned, 9000 + round_)
             elif target == BARE:
-                summary = await through_bare_proxy(engine, shape_name, planned, 9000 + round_)
+                summary = await through_bare_proxy(engine, shape, planned, 9000 + round_)
             else:
                 log = workdir / f"{target}-{index}.log"
                 summary = await through_sidecar(
@@ -88,7 +91,15 @@ async def compare(
                 )
             figures = {
                 k: summary.get(k)
-                for k in ("makespan", "short_p95", "preemptions", "lost", "proxy_cpu_seconds", "engine_steps")
+                for k in (
+                    "makespan",
+                    "short_p95",
+                    "preemptions",
+                    "lost",
+                    "proxy_cpu_seconds",
+                    "engine_steps",
+                    "sidecar_scrapes",
+                )
             }
             runs[target].append(figures)
             print(
@@ -120,9 +131,18 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="also run through the bare aiohttp proxy")
     parser.add_argument("--engine-url", help="a running vLLM started with the harness's settings")
     parser.add_argument(
+        "--overload-seconds", type=float, help="the sustained overload's length (its default)"
+    )
+    parser.add_argument("--overload-rate", type=float, help="the sustained overload's arrivals a second")
+    parser.add_argument(
         "--max-num-seqs", type=int, default=4, help="told to every sidecar (the harness starts 4)"
     )
     args = parser.parse_args()
+    shape = SHAPES[args.shape]
+    if shape.seconds > 0:
+        shape = dataclasses.replace(
+            shape, seconds=args.overload_seconds or shape.seconds, rate=args.overload_rate or shape.rate
+        )
     workdir = Path(tempfile.mkdtemp(prefix="kv-sidecar-ab-"))
     python = vllm_python()
     model = make_tiny_model(python, workdir / "tiny-model")
@@ -133,7 +153,7 @@ def main() -> None:
         server = VllmServer(python, model, log_path=workdir / "vllm.log")
         server.start()
     try:
-        runs = asyncio.run(compare(server.url if server else args.engine_url, model, args.shape, args.rounds,
+        runs = asyncio.run(compare(server.url if server else args.engine_url, model, shape, args.rounds,
                                    variants, workdir, bare=args.bare))  # fmt: skip
     finally:
         if server is not None:
@@ -148,11 +168,13 @@ def main() -> None:
         cpu = [r["proxy_cpu_seconds"] for r in target_runs if r["proxy_cpu_seconds"] is not None]
         steps = [(r["engine_steps"], r["makespan"]) for r in target_runs if r["engine_steps"]]
         per_step = statistics.median(m / n * 1000 for n, m in steps) if steps else None
+        scrapes = [r["sidecar_scrapes"] / r["makespan"] for r in target_runs if r.get("sidecar_scrapes")]
         print(f"  {target:<12} makespan {makespan:6.2f} s ({paired(runs, target, 'makespan')})"
               f"  short p95 {p95:5.2f} s ({paired(runs, target, 'short_p95')})  preemptions {preemptions:g}"
               f"  lost {lost:g}  proxy CPU {f'{statistics.median(cpu):.2f} s' if cpu else '-'}"
               f"  engine steps {f'{statistics.median(n for n, _ in steps):.0f}' if steps else '-'}"
-              f" ({paired(runs, target, 'engine_steps')}; {f'{per_step:.2f} ms each' if per_step else '-'})")  # fmt: skip
+              f" ({paired(runs, target, 'engine_steps')}; {f'{per_step:.2f} ms each' if per_step else '-'})"
+              + (f"  scrapes {statistics.median(scrapes):.1f}/s" if scrapes else ""))  # fmt: skip
 
 
 if __name__ == "__main__":

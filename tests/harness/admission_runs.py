@@ -110,6 +110,18 @@ async def _attempt(
         return Attempt(None, now - started, error=f"{type(exc).__name__}: {exc}", ended_at=now)
 
 
+async def sidecar_scrapes(session: aiohttp.ClientSession, admin: str | None) -> float | None:
+    """How many rounds the sidecar's scraper has run (its ``kv_sidecar_scrape_duration_seconds`` count)."""
+    if admin is None:
+        return None
+    async with session.get(admin + "/metrics") as response:
+        page = await response.text()
+    for line in page.splitlines():
+        if line.startswith("kv_sidecar_scrape_duration_seconds_count"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 async def run_once(
     target: str, engine: str, shape: Shape, planned: list[Planned], token_seed: int, admin: str | None = None
 ) -> dict[str, Any]:
@@ -134,7 +146,7 @@ async def run_once(
     peak_kv, max_queue = 0.0, 0
     stop = asyncio.Event()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        before = await engine_snapshot(session, engine)
+        before, scrapes_before = await engine_snapshot(session, engine), await sidecar_scrapes(session, admin)
 
         async def watch_engine() -> None:
             nonlocal peak_kv
@@ -167,7 +179,7 @@ async def run_once(
         ended_retries = max((a.ended_at for c in clients for a in (c.first, c.retry) if a), default=started)
         stop.set()
         await asyncio.gather(*watchers, return_exceptions=True)
-        after = await engine_snapshot(session, engine)
+        after, scrapes_after = await engine_snapshot(session, engine), await sidecar_scrapes(session, admin)
     first_send = started + min((p.at for p in planned), default=0.0)
     preemptions = (after.preemptions_total or 0) - (before.preemptions_total or 0)
     steps_before, steps_after = before.iterations_total, after.iterations_total
@@ -175,6 +187,9 @@ async def run_once(
         "makespan_with_retries": ended_retries - first_send,
         "max_queue_depth": max_queue if admin else None,
         "engine_steps": None if steps_after is None or steps_before is None else steps_after - steps_before,
+        "sidecar_scrapes": None
+        if scrapes_after is None or scrapes_before is None
+        else scrapes_after - scrapes_before,
         "clients": [asdict(c) for c in clients],
     }
 
