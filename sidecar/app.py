@@ -276,16 +276,14 @@ class SidecarApp:
         """Bind the admin (and proxy) ports, then start scraping."""
         self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4))
         self._scraper = EngineScraper(
-            self._client,
-            self.options.upstream,
-            self.monitor,
-            self.scrape_metrics,
+            self._client, self.options.upstream, self.monitor, self.scrape_metrics,
             settings=self.options.scrape,
             clock=self.clock,
             nvml=self.nvml,
             on_round=self._after_scrape,
             calm=self._calm,
-        )
+            log=self.log,
+        )  # fmt: skip
         admin = build_admin_app(
             self.monitor,
             self.registry,

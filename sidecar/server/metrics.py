@@ -22,6 +22,7 @@ from sidecar.admission.outcomes import Lane, Outcome, Reason
 from sidecar.admission.pressure import PressureState
 from sidecar.monitor.diagnose import DiagnosisId, Severity
 from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.scraper import Page
 from sidecar.server.children import Children
 
 if TYPE_CHECKING:
@@ -330,39 +331,38 @@ class AdmissionCollector(Collector):
 
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+SCRAPE_ERRORS = ("connect", "timeout", "status", "parse", "too_large")
 
 
 class ScrapeMetrics:
     """The scraper's own families, on an explicit registry: its ``ScrapeRecorder``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._duration = _histogram(
+        duration = _histogram(
             registry,
             "kv_sidecar_scrape_duration_seconds",
-            "Time to fetch and scan the engine's page.",
+            "Time to fetch and scan the engine's page; page = full, or light (only what admission reads).",
             SCRAPE_BUCKETS,
+            "page",
         )
+        self._durations = {page: duration.labels(page=page.value) for page in Page}
         self._errors = _counter(
             registry,
             "kv_sidecar_scrape_errors",
-            "Failed scrapes of the engine's /metrics by reason: connect, timeout, status, parse, too_large.",
+            f"Failed scrapes of the engine's /metrics by reason: {', '.join(SCRAPE_ERRORS)}.",
             "reason",
         )
-        for reason in ("connect", "timeout", "status", "parse", "too_large"):
-            self._errors.labels(reason=reason)
-        self._restarts = _counter(
-            registry,
-            "kv_sidecar_scraper_restarts",
-            "Times the scrape loop died of a bug and was started again.",
-        )
+        self._by_reason = {reason: self._errors.labels(reason=reason) for reason in SCRAPE_ERRORS}
+        doc = "Times the scrape loop died of a bug and was started again."
+        self._restarts = _counter(registry, "kv_sidecar_scraper_restarts", doc)
 
-    def duration(self, seconds: float) -> None:
+    def duration(self, seconds: float, page: Page) -> None:
         """Observe a round's duration."""
-        self._duration.observe(seconds)
+        self._durations[page].observe(seconds)
 
     def error(self, reason: str) -> None:
         """Count a failed round."""
-        self._errors.labels(reason=reason).inc()
+        self._by_reason[reason].inc()
 
     def restart(self) -> None:
         """Count a restart of the loop."""

@@ -13,10 +13,12 @@ cache settings as label strings; ``None``/``True``/``False`` strings are decoded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
+from urllib.parse import urlencode
 
 from sidecar.signals.kinds import EngineKind
 from sidecar.signals.scan import Sample, scan
@@ -55,6 +57,42 @@ WANTED: Final = (
     GENERATION_LENGTHS,
 )
 """Every family the sidecar reads from a vLLM page."""
+
+LIGHT: Final = (KV_USAGE, KV_USAGE_OLD, RUNNING, WAITING, PREEMPTIONS, ITERATIONS)
+"""What admission reads at every decision: all a round asked for between full pages fetches.
+
+vLLM serves ``/metrics/`` (with the slash) from ``prometheus_client``'s ASGI app (``make_asgi_app``, mounted
+at ``/metrics`` by ``vllm/entrypoints/openai/api_server.py`` in 0.8.5 and 0.11.0 and by
+``vllm/entrypoints/serve/instrumentator/metrics.py`` in 0.20.0 and 0.32.0, each read in its release's source;
+plain ``/metrics`` is the instrumentator's handler in all four), which answers ``name[]=`` with those samples
+alone (``prometheus_client/exposition.py``: ``restricted_registry``). Measured on vLLM 0.32 here
+(``bench/page_cost.py``): 0.9 KB and ~0.6 ms of its API process against 54 KB and ~5 ms.
+"""
+_LIGHT_FIELDS: Final = ("kv_usage", "running", "waiting", "preemptions_total", "iterations_total")
+
+
+def light_query() -> str:
+    """The query string that asks a vLLM page for the :data:`LIGHT` samples alone."""
+    return urlencode([("name[]", name) for name in LIGHT])
+
+
+def merge_light(full: EngineSnapshot, light: EngineSnapshot) -> EngineSnapshot | None:
+    """``full`` with a light page's fresher :data:`LIGHT` values, or ``None`` if the light page falls short.
+
+    Short: an engine or a value the full page has is missing (a registry that cannot filter: with several
+    API servers vLLM collects through ``PROMETHEUS_MULTIPROC_DIR``, whose collector names no family, so a
+    filtered page is empty), or it shows an engine the full page did not (read a full page).
+    """
+    if set(light.engines) != set(full.engines):
+        return None
+    engines = {}
+    for name, values in full.engines.items():
+        fresh = light.engines[name]
+        changes = {key: getattr(fresh, key) for key in _LIGHT_FIELDS}
+        if any(new is None and getattr(values, key) is not None for key, new in changes.items()):
+            return None
+        engines[name] = dataclasses.replace(values, **changes)
+    return dataclasses.replace(full, engines=engines)
 
 
 def label_int(value: str | float | None) -> int | None:

@@ -21,6 +21,7 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.scraper import ScrapeSettings
 from sidecar.signals import parse_vllm_metrics
+from sidecar.signals.vllm import light_query, merge_light
 from sidecar.units import GIB
 from tests.harness.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
 from tests.harness.vllm import VllmServer
@@ -76,6 +77,26 @@ def admission_totals(app: SidecarApp) -> dict[tuple[str, str, str], float]:
                 if s.name.endswith("_total") and s.value:
                     totals[(s.labels["outcome"], s.labels["reason"], s.labels["lane"])] = s.value
     return totals
+
+
+async def test_the_real_engine_serves_the_light_page_admission_reads_between_full_ones(
+    vllm_server: VllmServer,
+) -> None:
+    """``/metrics/?name[]=...`` answers only the light families, and they merge into the full page's view."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(vllm_server.url + "/metrics") as response:
+            full_text = await response.text()
+        async with session.get(f"{vllm_server.url}/metrics/?{light_query()}") as response:
+            assert response.status == 200
+            light_text = await response.text()
+    assert len(light_text) * 20 < len(full_text)  # 0.9 KB against 54 KB on 0.32
+    full, light = parse_vllm_metrics(full_text), parse_vllm_metrics(light_text)
+    assert light.iterations_total is not None
+    assert light.kv_usage is not None
+    assert light.cache_config is None
+    merged = merge_light(full, light)
+    assert merged is not None
+    assert merged.cache_config == full.cache_config is not None
 
 
 async def test_check_puts_the_real_pool_next_to_the_prediction(

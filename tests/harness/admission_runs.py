@@ -111,15 +111,15 @@ async def _attempt(
 
 
 async def sidecar_scrapes(session: aiohttp.ClientSession, admin: str | None) -> float | None:
-    """How many rounds the sidecar's scraper has run (its ``kv_sidecar_scrape_duration_seconds`` count)."""
+    """How many rounds the sidecar's scraper has run (its ``kv_sidecar_scrape_duration_seconds`` counts, summed
+    over pages, full and light)."""
     if admin is None:
         return None
     async with session.get(admin + "/metrics") as response:
         page = await response.text()
-    for line in page.splitlines():
-        if line.startswith("kv_sidecar_scrape_duration_seconds_count"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+    counts = [float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+              if line.startswith("kv_sidecar_scrape_duration_seconds_count")]  # fmt: skip
+    return sum(counts) if counts else None
 
 
 async def run_once(

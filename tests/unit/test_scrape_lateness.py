@@ -18,7 +18,7 @@ from tests.fake_vllm import PRESSURE_PAGE, page
 
 
 class Recorder:
-    def duration(self, seconds: float) -> None:
+    def duration(self, seconds: float, page: object) -> None:
         pass
 
     def error(self, reason: str) -> None:
