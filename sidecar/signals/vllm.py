@@ -68,12 +68,16 @@ plain ``/metrics`` is the instrumentator's handler in all four), which answers `
 alone (``prometheus_client/exposition.py``: ``restricted_registry``). Measured on vLLM 0.32 here
 (``bench/page_cost.py``): 0.9 KB and ~0.6 ms of its API process against 54 KB and ~5 ms.
 """
-_LIGHT_FIELDS: Final = ("kv_usage", "running", "waiting", "preemptions_total", "iterations_total")
 
 
 def light_query() -> str:
     """The query string that asks a vLLM page for the :data:`LIGHT` samples alone."""
     return urlencode([("name[]", name) for name in LIGHT])
+
+
+def _light_fields() -> tuple[str, ...]:
+    """The :class:`EngineValues` fields the :data:`LIGHT` families fill (KV usage under either name)."""
+    return ("kv_usage", *dict.fromkeys(_SCALAR_FIELDS[name] for name in LIGHT if name in _SCALAR_FIELDS))
 
 
 def merge_light(full: EngineSnapshot, light: EngineSnapshot) -> EngineSnapshot | None:
@@ -88,7 +92,7 @@ def merge_light(full: EngineSnapshot, light: EngineSnapshot) -> EngineSnapshot |
     engines = {}
     for name, values in full.engines.items():
         fresh = light.engines[name]
-        changes = {key: getattr(fresh, key) for key in _LIGHT_FIELDS}
+        changes = {key: getattr(fresh, key) for key in _light_fields()}
         if any(new is None and getattr(values, key) is not None for key, new in changes.items()):
             return None
         engines[name] = dataclasses.replace(values, **changes)
