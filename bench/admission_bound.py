@@ -2,11 +2,14 @@
 
 Run: ``.venv/bin/python -m bench.admission_bound`` (``--rounds``, ``--seed``, ``--step-ms``). For each shape whose
 answers have a fixed length (``ignore_eos``: long-prompt, mid-size, sustained-overload), each round replays the
-suite's own draw (the same seed strings as ``bench.admission_suite``) through three schedulers of
+suite's own draw (the same seed strings as ``bench.admission_suite``) through four schedulers of
 :mod:`tests.harness.admission_bound`: vLLM 0.32's scheduler straight (it preempts), a clairvoyant admission that
-never lets vLLM preempt, and the sidecar's ledger told every request's progress exactly. It prints each round's
-steps and the ratios to straight, and their medians. No engine and no network: a round takes milliseconds
-(the overload's, a few seconds). The generous-max-tokens shape (answers end at stop tokens) and shared-prefix
+never lets vLLM preempt, the sidecar's ledger told every request's progress exactly, and the *twin*
+(:mod:`tests.harness.admission_twin`): the sidecar's own planner learning what the engine does as the running
+sidecar does, from scrapes and returned answers, with the delays ``--transit-steps``, ``--return-steps`` and
+``--scrape-steps`` (``--scrape-interval``: the periodic rounds). It prints each round's steps and the ratios
+to straight (and the twin's preemptions, which must stay 0), and their medians. No engine and no network: a
+round takes milliseconds (the overload's, a few seconds). The generous-max-tokens shape (answers end at stop tokens) and shared-prefix
 (prefix caching) are not modelled, nor is the cost of a prefill step (so the model's engine keeps up with more
 of an overload than the real one). Results go to ``bench/results/admission-bound-*.json``.
 
@@ -37,14 +40,16 @@ from tests.harness.admission_bound import (
     preemption_free_schedule,
 )
 from tests.harness.admission_shapes import SHAPES, plan
+from tests.harness.admission_twin import Knowledge, twin_schedule
 
 RESULTS = Path(__file__).parent / "results"
 FIXED_LENGTH_SHAPES = ("long-prompt", "mid-size", "sustained-overload")
 
 
 def replay(
-    shape: str, round_: int, seed: int, step_seconds: float, engine: Engine, overload_rate: float
-) -> dict[str, Any]:
+    shape: str, round_: int, seed: int, step_seconds: float, engine: Engine, overload_rate: float,
+    knowledge: Knowledge,
+) -> dict[str, Any]:  # fmt: skip
     """One round of ``shape``: the three schedules of its draw (the overload's at ``overload_rate``)."""
     drawn_shape = SHAPES[shape]
     if drawn_shape.seconds > 0:
@@ -55,14 +60,17 @@ def replay(
     straight = engine_schedule(arrivals, engine)
     clairvoyant = preemption_free_schedule(arrivals, engine)
     ledger = ledger_schedule(arrivals, engine, start_within=start_within)
+    twin = twin_schedule(arrivals, engine, knowledge)
     return {
         "round": round_,
         "requests": len(arrivals),
         "straight": {"steps": straight.steps, "preemptions": straight.preemptions},
         "clairvoyant": {"steps": clairvoyant.steps, "peak_blocks": clairvoyant.peak_blocks},
         "ledger": {"steps": ledger.steps, "peak_blocks": ledger.peak_blocks},
+        "twin": {"steps": twin.steps, "preemptions": twin.preemptions, "peak_blocks": twin.peak_blocks},
         "clairvoyant_ratio": clairvoyant.steps / straight.steps,
         "ledger_ratio": ledger.steps / straight.steps,
+        "twin_ratio": twin.steps / straight.steps,
     }
 
 
@@ -78,7 +86,14 @@ def main() -> None:
     parser.add_argument("--num-gpu-blocks", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=4)
+    parser.add_argument("--transit-steps", type=int, default=2, help="twin: admission to vLLM's queue")
+    parser.add_argument("--return-steps", type=int, default=1, help="twin: an answer's end to the sidecar")
+    parser.add_argument("--scrape-steps", type=int, default=1, help="twin: a scrape's ask to its reading")
+    parser.add_argument("--scrape-interval", type=float, default=Knowledge().scrape_interval)
     args = parser.parse_args()
+    knowledge = Knowledge(
+        args.step_ms / 1000, args.transit_steps, args.return_steps, args.scrape_steps, args.scrape_interval
+    )
     shapes = [s for s in args.shapes.split(",") if s]
     if unknown := [s for s in shapes if s not in FIXED_LENGTH_SHAPES]:
         parser.error(f"not modelled: {', '.join(unknown)} (choose from {', '.join(FIXED_LENGTH_SHAPES)})")
@@ -87,21 +102,23 @@ def main() -> None:
     for shape in shapes:
         started = time.perf_counter()
         rounds = [
-            replay(shape, r, args.seed, args.step_ms / 1000, engine, args.overload_rate)
+            replay(shape, r, args.seed, args.step_ms / 1000, engine, args.overload_rate, knowledge)
             for r in range(args.rounds)
         ]
         for r in rounds:
             print(
                 f"{shape:<19} round {r['round'] + 1}: straight {r['straight']['steps']:>6} steps, "
                 f"{r['straight']['preemptions']:>3} preemptions; clairvoyant {r['clairvoyant_ratio']:.3f}x; "
-                f"ledger {r['ledger_ratio']:.3f}x"
+                f"ledger {r['ledger_ratio']:.3f}x; twin {r['twin_ratio']:.3f}x ({r['twin']['preemptions']} preemptions)"
             )
         medians = {
-            key: statistics.median(r[key] for r in rounds) for key in ("clairvoyant_ratio", "ledger_ratio")
+            key: statistics.median(r[key] for r in rounds)
+            for key in ("clairvoyant_ratio", "ledger_ratio", "twin_ratio")
         }
         print(
             f"{shape:<19} median of {len(rounds)}: clairvoyant {medians['clairvoyant_ratio']:.3f}x, "
-            f"ledger {medians['ledger_ratio']:.3f}x of straight's steps ({time.perf_counter() - started:.1f} s)"
+            f"ledger {medians['ledger_ratio']:.3f}x, twin {medians['twin_ratio']:.3f}x of straight's steps "
+            f"({time.perf_counter() - started:.1f} s)"
         )
         result["shapes"][shape] = {"rounds": rounds, "medians": medians}
     RESULTS.mkdir(exist_ok=True)

@@ -106,15 +106,28 @@ def _ends(requests: Sequence[_Running]) -> tuple[int, ...]:
     return tuple(-1 if r.ended is None else r.ended for r in requests)
 
 
-def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
-    """Straight to vLLM: admits what fits now, preempts the newest when a running request needs a block."""
-    requests, pending = _requests(arrivals)
-    waiting: list[_Running] = []
-    running: list[_Running] = []
-    step = done = preemptions = peak = 0
-    while done < len(arrivals):
-        while pending and pending[0].arrival.step <= step:
-            waiting.append(pending.popleft())
+class EngineModel:
+    """vLLM 0.32's V1 scheduler in steps (see the module docstring): requests join its waiting queue with
+    :meth:`arrive`, :meth:`step` runs one step and returns the requests that ended in it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.waiting: list[_Running] = []
+        self.running: list[_Running] = []
+        self.steps = self.preemptions = self.peak = 0
+
+    def arrive(self, request: _Running) -> None:
+        """A request reaches the scheduler's first-come-first-served queue."""
+        self.waiting.append(request)
+
+    def used_blocks(self) -> int:
+        """Blocks the running requests hold now."""
+        return sum(r.blocks for r in self.running)
+
+    def step(self) -> list[_Running]:
+        """One step: running requests first (preempting the newest when one needs a block), then waiting
+        ones while a slot is free and their tokens fit, only in a step that preempted nobody."""
+        engine, running, waiting = self.engine, self.running, self.waiting
         preempted = False
         scheduled: list[_Running] = []
         for request in list(running):
@@ -126,7 +139,7 @@ def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
                 if victim in scheduled:
                     scheduled.remove(victim)
                 waiting.insert(0, victim)
-                preemptions += 1
+                self.preemptions += 1
                 preempted = True
                 if victim is request:
                     break
@@ -140,25 +153,37 @@ def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
             request.blocks = engine.held(_tokens_needed(request))
             running.append(request)
             scheduled.append(request)
-        peak = max(peak, sum(r.blocks for r in running))
-        done += _advance(scheduled, running, step)
-        step += 1
-    return Outcome(step, preemptions, peak, _ends(requests))
+        self.peak = max(self.peak, self.used_blocks())
+        ended = _advance(scheduled, running, self.steps)
+        self.steps += 1
+        return ended
+
+
+def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
+    """Straight to vLLM: admits what fits now, preempts the newest when a running request needs a block."""
+    requests, pending = _requests(arrivals)
+    model = EngineModel(engine)
+    done = 0
+    while done < len(arrivals):
+        while pending and pending[0].arrival.step <= model.steps:
+            model.arrive(pending.popleft())
+        done += len(model.step())
+    return Outcome(model.steps, model.preemptions, model.peak, _ends(requests))
 
 
 def _free(running: Sequence[_Running], engine: Engine) -> int:
     return engine.blocks - sum(r.blocks for r in running)
 
 
-def _advance(scheduled: list[_Running], running: list[_Running], step: int) -> int:
-    """Every scheduled request produces a token; returns how many ended (and drops them)."""
-    ended = 0
+def _advance(scheduled: list[_Running], running: list[_Running], step: int) -> list[_Running]:
+    """Every scheduled request produces a token; returns those that ended (and drops them)."""
+    ended = []
     for request in scheduled:
         request.generated += 1
         if request.generated >= request.arrival.output:
             running.remove(request)
             request.ended = step
-            ended += 1
+            ended.append(request)
     return ended
 
 
