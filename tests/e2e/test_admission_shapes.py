@@ -22,6 +22,12 @@ from tests.harness.vllm import VllmServer
 pytestmark = pytest.mark.e2e
 
 NOISE = 2.5  # one run on two shared cores (vLLM busy-polls one of them): timing ratios get this much slack
+SHORT_P95_SHARE = {"long-prompt": 0.85, "mid-size": 0.5}
+"""The most of straight's short p95 the sidecar's may reach in one run. Issue 11's bar (0.5x) is on the medians of
+the suite's rounds (the README's table). Straight, long-prompt preempts 0-2 times a round, so one round's ratio
+spreads widely: 0.13-0.66x in the suite of 2026-12-05 (median 0.39x), and a CI run of that day read 0.75x
+(0.48 s against 0.64 s); one run gets the margin. Mid-size's rounds spread 0.05-0.37x (median 0.07x): it needs none. Both still
+fail when short requests wait behind long ones (straight's own order: 1.0x)."""
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +78,7 @@ def test_spikes_that_make_vllm_preempt_keep_short_requests_fast(suite: dict[str,
         assert direct["preemptions"] >= 1, (
             "the straight spike did not preempt: the shape no longer tests anything"
         )
-    assert sidecar["short_p95"] <= 0.5 * direct["short_p95"]
+    assert sidecar["short_p95"] <= SHORT_P95_SHARE[shape] * direct["short_p95"]
     assert sidecar["makespan"] <= NOISE * direct["makespan"]
     assert sidecar["refused"] == 0  # a spike is queued, never refused
 
