@@ -100,9 +100,9 @@ OVERLOADED_P95 = 2.0
 def test_sustained_overload_keeps_the_queue_bounded_and_short_requests_flowing(suite: dict[str, Any]) -> None:
     """Short requests flow: at most half straight's p95 when straight fell behind, and no slower when it did not.
 
-    The shape's 20 requests a second is about twice what this machine serves on a slow day, and about what it
-    serves on a fast one (a fresh-clone CI run on 2026-12-02: straight's short p95 0.48 s, its makespan 21 s for
-    20 s of arrivals, so there was no queue to protect short requests from). The README's table, from the
+    The shape's 40 requests a second are about four times what this machine serves on a slow day and twice what
+    it serves on a fast one (at 20, a fresh-clone CI run on 2026-12-02 saw straight's short p95 at 0.48 s and
+    one on 2026-12-05 no preemption at all: no queue to protect short requests from). The README's table, from the
     60 s bench, holds the figures of an overload.
     """
     direct, sidecar = runs(suite, "sustained-overload")
