@@ -35,15 +35,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.admission.body import RequestFacts
+from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.planner import CapacityPlanner
 from sidecar.monitor.scraper import SOONEST_SECONDS
 from sidecar.settings import ScrapeSettings
 from tests.harness.admission_bound import Arrival, Engine, EngineModel, Outcome, _ends, _requests, _Running
+from tests.harness.vllm import VllmServer
 
-LONG_PROMPT_TOKENS = 512
-"""The long lane's line (the controller's default ``--long-prompt-threshold``)."""
+LONG_PROMPT_TOKENS = AdmissionConfig().long_threshold(VllmServer.max_model_len)
+"""The long lane's line on the suite's engine: the default, half of ``max_model_len`` (512 tokens)."""
 
 
 @dataclass(frozen=True, slots=True)
