@@ -86,10 +86,13 @@ def main() -> None:
     parser.add_argument("--num-gpu-blocks", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=4)
-    parser.add_argument("--transit-steps", type=int, default=2, help="twin: admission to vLLM's queue")
-    parser.add_argument("--return-steps", type=int, default=1, help="twin: an answer's end to the sidecar")
-    parser.add_argument("--scrape-steps", type=int, default=1, help="twin: a scrape's ask to its reading")
-    parser.add_argument("--scrape-interval", type=float, default=Knowledge().scrape_interval)
+    lags = Knowledge()
+    parser.add_argument("--transit-steps", type=int, default=lags.transit_steps, help="twin: to vLLM's queue")
+    parser.add_argument("--return-steps", type=int, default=lags.return_steps, help="twin: an end back")
+    parser.add_argument(
+        "--scrape-steps", type=int, default=lags.scrape_steps, help="twin: a scrape's reading"
+    )
+    parser.add_argument("--scrape-interval", type=float, default=lags.scrape_interval)
     args = parser.parse_args()
     knowledge = Knowledge(
         args.step_ms / 1000, args.transit_steps, args.return_steps, args.scrape_steps, args.scrape_interval

@@ -133,7 +133,7 @@ class EngineModel:
         for request in list(running):
             if request not in running:
                 continue  # preempted earlier in this step
-            while engine.held(_tokens_needed(request)) - request.blocks > _free(running, engine):
+            while engine.held(_tokens_needed(request)) - request.blocks > engine.blocks - self.used_blocks():
                 victim = running.pop()
                 victim.blocks = 0  # freed; its tokens so far are prefilled again when it runs
                 if victim in scheduled:
@@ -147,7 +147,7 @@ class EngineModel:
                 request.blocks = engine.held(_tokens_needed(request))
                 scheduled.append(request)
         while not preempted and waiting and len(running) < engine.max_seqs:
-            if engine.held(_tokens_needed(waiting[0])) > _free(running, engine):
+            if engine.held(_tokens_needed(waiting[0])) > engine.blocks - self.used_blocks():
                 break
             request = waiting.pop(0)
             request.blocks = engine.held(_tokens_needed(request))
@@ -169,10 +169,6 @@ def engine_schedule(arrivals: Sequence[Arrival], engine: Engine) -> Outcome:
             model.arrive(pending.popleft())
         done += len(model.step())
     return Outcome(model.steps, model.preemptions, model.peak, _ends(requests))
-
-
-def _free(running: Sequence[_Running], engine: Engine) -> int:
-    return engine.blocks - sum(r.blocks for r in running)
 
 
 def _advance(scheduled: list[_Running], running: list[_Running], step: int) -> list[_Running]:

@@ -50,12 +50,17 @@ LONG_PROMPT_TOKENS = AdmissionConfig().long_threshold(VllmServer.max_model_len)
 
 @dataclass(frozen=True, slots=True)
 class Knowledge:
-    """How late the sidecar learns what the engine does (see the module docstring)."""
+    """How late the sidecar learns what the engine does (see the module docstring).
+
+    The lags' defaults are this project's CPU server at ~2 ms a step: a streamed probe's first byte comes
+    back 5.8 ms after it is sent at the median, one step and its prefill included (``bench/engine_transit.py``,
+    2026-12-05), so about two steps there and one back; a light page is read within a step.
+    """
 
     step_seconds: float = 0.002
-    transit_steps: int = 0
-    return_steps: int = 0
-    scrape_steps: int = 0
+    transit_steps: int = 2
+    return_steps: int = 1
+    scrape_steps: int = 1
     scrape_interval: float = ScrapeSettings().interval
     soonest_seconds: float = SOONEST_SECONDS
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sidecar.admission.planner import CapacityPlanner
@@ -10,12 +12,13 @@ from tests.harness.admission_shapes import SHAPES, plan
 from tests.harness.admission_twin import Knowledge, twin_schedule
 
 ENGINE = Engine(blocks=15, block_size=128, max_seqs=4)  # the suite's pool: 16 blocks, one null block
-LAGGED = Knowledge(transit_steps=2, return_steps=1, scrape_steps=1)
+LAGGED = Knowledge()  # the measured lags
+INSTANT = Knowledge(transit_steps=0, return_steps=0, scrape_steps=0)
 MID_SIZE = [arrivals_of(plan(SHAPES["mid-size"], f"7-mid-size-{r}"), 0.002) for r in range(3)]
 
 
 @pytest.mark.parametrize("arrivals", MID_SIZE, ids=["round1", "round2", "round3"])
-@pytest.mark.parametrize("knowledge", [Knowledge(), LAGGED], ids=["instant", "lagged"])
+@pytest.mark.parametrize("knowledge", [INSTANT, LAGGED], ids=["instant", "lagged"])
 def test_the_planner_never_lets_the_engine_preempt_on_mid_size_draws(arrivals, knowledge) -> None:  # type: ignore[no-untyped-def]
     """Straight vLLM preempts on these draws; the planner, learning only from scrapes and answers, never
     lets the model's pool run out, and every request ends."""
@@ -43,7 +46,7 @@ def test_an_over_admitting_planner_shows_as_preemptions(monkeypatch: pytest.Monk
 
 def test_requests_that_fit_together_run_together() -> None:
     small = [Arrival(step=0, prompt=24, output=16)] * 4
-    outcome = twin_schedule(small, ENGINE, Knowledge())
+    outcome = twin_schedule(small, ENGINE, INSTANT)
     assert (outcome.steps, outcome.preemptions) == (16, 0)
 
 
@@ -51,7 +54,7 @@ def test_an_answer_learned_late_holds_its_blocks_until_then() -> None:
     """Two long requests that cannot run together: the second starts only once the first's end is back."""
     first, second = Arrival(step=0, prompt=1400, output=100), Arrival(step=0, prompt=1400, output=100)
     prompt_only = Engine(blocks=15, block_size=128, max_seqs=4)  # 1,500 tokens: 12 blocks each
-    soon = twin_schedule([first, second], prompt_only, Knowledge(return_steps=0))
-    late = twin_schedule([first, second], prompt_only, Knowledge(return_steps=40))
+    soon = twin_schedule([first, second], prompt_only, dataclasses.replace(INSTANT, return_steps=0))
+    late = twin_schedule([first, second], prompt_only, dataclasses.replace(INSTANT, return_steps=40))
     assert late.steps - soon.steps == 40
     assert late.preemptions == soon.preemptions == 0
