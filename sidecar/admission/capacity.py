@@ -22,8 +22,9 @@ can hold what every in-flight request will hold over the new request's lifetime,
   then expected to need one more block than it has reached, up to its hard bound.
 * **Progress.** vLLM gives every running sequence at most one token per engine step, so the engine's
   step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
-  both sides: from above by the steps since the last scrape before it was admitted, with the clock
-  extrapolated at the highest rate seen (it looks at least as big as it is); from below by the steps
+  both sides: from above by the steps since its admission's count (at least the last scrape's before it, and
+  any later scrape's less what the engine runs since at its top rate: else a request admitted a calm second
+  after a scrape looks ~500 tokens along at once), the clock extrapolated at that rate; from below by steps
   counted since a scrape that showed it running, less its prefill steps and :data:`SHOWN_SLACK_STEPS` (it
   ends no later than that says). The lower bound is the count a scrape read, never extrapolated: a step
   can take any time (a long prefill, a busy host), so no rate bounds it from below. A stream's counted
@@ -161,7 +162,7 @@ class Holding:
     """One admitted request's place in the ledger, with its admission step bounds."""
 
     demand: Demand
-    admitted_low: float | None  # the step count at the last scrape before admission
+    admitted_low: float | None  # the step count at admission, from below (see "Progress")
     admitted_at: float = 0.0  # the sidecar's clock at admission
     started_high: float | None = None  # the step count at the first scrape that showed it running
     generated: int = 0  # tokens seen streaming back (per sequence), exact
@@ -354,6 +355,13 @@ class CapacityLedger:
             if holding.started_high is None and holding.admitted_at <= boundary - TRANSIT_SECONDS:
                 holding.started_high = step_count
 
+    def _raise_admission_counts(self, step_count: float, read_at: float, top_rate: float) -> None:
+        """Raise admission counts: at least ``step_count`` less ``top_rate`` a second up to ``read_at``."""
+        for holding in self.holdings.values():
+            floor = step_count - max(0.0, read_at - holding.admitted_at) * top_rate
+            if holding.admitted_low is not None and floor > holding.admitted_low:
+                holding.admitted_low = floor
+
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
         return pool.blocks - self.projected(steps, math.inf, pool) - self.unexplained
@@ -368,14 +376,18 @@ class CapacityLedger:
         running: float | None = None,
         step_count: float | None = None,
         sampled_at: float = -math.inf,
+        read_at: float | None = None,
+        top_rate: float | None = None,
     ) -> None:
-        """A scrape asked for at ``sampled_at``: ``used_blocks`` used, ``waiting`` and ``running`` counted.
+        """A scrape asked at ``sampled_at``, read at ``read_at`` (``top_rate``: most steps a second, or None).
 
-        The holdings it shows running (see "Which holdings a scrape shows running") get its step count as
-        the latest step they started at; what the ledger cannot explain is kept.
+        Holdings it shows running ("Which holdings a scrape shows running") get its step count as the latest
+        step they started at; the gauge's ``used_blocks`` beyond what the ledger explains is kept.
         """
         if step_count is not None:
             self._mark_running(step_count, sampled_at, waiting=waiting, running=running)
+            if read_at is not None and top_rate is not None:
+                self._raise_admission_counts(step_count, read_at, top_rate)
         if used_blocks is not None:
             ended = sum(
                 self._private(h, steps, 0, pool) + len(h.demand.all_hashes)

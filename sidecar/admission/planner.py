@@ -329,6 +329,8 @@ class CapacityPlanner:
                 running=running,
                 step_count=steps,
                 sampled_at=now if sampled_at is None else sampled_at,
+                read_at=now,
+                top_rate=self.steps.steps_within(1.0),
             )
 
     def engine_record(self, generation_lengths: tuple[tuple[float, float], ...]) -> None:

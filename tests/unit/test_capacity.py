@@ -135,6 +135,29 @@ def test_progress_counts_from_the_scrape_that_showed_the_request_running() -> No
     assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # a running request stays running
 
 
+def test_a_later_scrape_bounds_the_count_at_admission_from_below() -> None:
+    """Admitted a calm second after the last scrape, an answer expected at 50 tokens looked 510 along.
+
+    Its progress is bounded by the steps since its admission's count, known from below only as the last
+    scrape's (0) until a later scrape (500, read 0.05 s after the admission) says the engine, at 550 steps a
+    second at most, was at 472.5 or more when it was admitted: 37 tokens along, not past its expectation.
+    """
+    ledger = CapacityLedger()
+    ledger.add(demand(100, 50, bound=900), Steps(low=0, high=0), now=1.0)
+    now = Steps(low=500, high=510)
+    assert ledger.projected(now, math.inf, POOL) == 6  # 100 + 510 + one more block: past its expectation
+    ledger.observe_scrape(None, now, POOL, waiting=0, running=1, step_count=500, sampled_at=1.04)
+    assert ledger.projected(now, math.inf, POOL) == 6  # without the engine's top rate, nothing is raised
+    ledger.observe_scrape(
+        None, now, POOL, waiting=0, running=1, step_count=500, sampled_at=1.04, read_at=1.05, top_rate=550
+    )
+    assert ledger.projected(now, math.inf, POOL) == 2  # 150 tokens at its expected peak
+    ledger.observe_scrape(
+        None, now, POOL, waiting=0, running=1, step_count=600, sampled_at=9.9, read_at=10.0, top_rate=550
+    )
+    assert ledger.projected(now, math.inf, POOL) == 2  # a scrape long after cannot lower the count again
+
+
 def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:
     """vLLM's queue is first come, first served: the newest have not arrived or are the ones waiting."""
     long, short, candidate = demand(600, 400), demand(24, 16), demand(600, 400)
