@@ -9,6 +9,7 @@ the medians of several rounds (``make bench-admission``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -31,22 +32,27 @@ spreads widely: 0.13-0.66x in the suite of 2026-12-05 (median 0.39x), and a CI r
 fail when short requests wait behind long ones (straight's own order: 1.0x)."""
 
 
+def run_once_each(
+    server: VllmServer, model: Path, names: list[str], seed: int, workdir: Path
+) -> dict[str, Any]:
+    """Each shape of ``names`` once (the overload shortened to 20 s), direct and through one sidecar."""
+    shapes = [
+        dataclasses.replace(s, seconds=20.0) if s.seconds > 0 else s for s in map(SHAPES.__getitem__, names)
+    ]
+    return asyncio.run(
+        run_suite(
+            server.url, model, shapes, rounds=1, seed=seed, sidecar_args=["--max-num-seqs", "4"], progress=False,
+            workdir=workdir,
+        )
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def suite(
     vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    """Every shape once (the overload shortened to 20 s), direct and through the sidecar."""
-    import asyncio  # noqa: PLC0415
-
-    shapes = [
-        dataclasses.replace(shape, seconds=20.0) if shape.seconds > 0 else shape for shape in SHAPES.values()
-    ]
-    return asyncio.run(
-        run_suite(
-            vllm_server.url, tiny_model, shapes, rounds=1, sidecar_args=["--max-num-seqs", "4"],
-            progress=False, workdir=tmp_path_factory.mktemp("admission"),
-        )
-    )  # fmt: skip
+    """Every shape once, direct and through the sidecar."""
+    return run_once_each(vllm_server, tiny_model, list(SHAPES), 7, tmp_path_factory.mktemp("admission"))
 
 
 Pair = tuple[dict[str, Any], dict[str, Any]]
@@ -58,18 +64,10 @@ def rerun(
     vllm_server: VllmServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[[str], Pair]:
     """One more run of a shape, with prompts of its own (another seed), for :func:`holds_in_one_of_two`."""
-    import asyncio  # noqa: PLC0415
 
     def again(name: str) -> Pair:
-        shape = SHAPES[name]
-        shape = dataclasses.replace(shape, seconds=20.0) if shape.seconds > 0 else shape
-        result = asyncio.run(
-            run_suite(
-                vllm_server.url, tiny_model, [shape], rounds=1, seed=8, sidecar_args=["--max-num-seqs", "4"],
-                progress=False, workdir=tmp_path_factory.mktemp("admission-again"),
-            )
-        )  # fmt: skip
-        return runs(result, name)
+        workdir = tmp_path_factory.mktemp("admission-again")
+        return runs(run_once_each(vllm_server, tiny_model, [name], 8, workdir), name)
 
     return again
 
