@@ -22,9 +22,10 @@ can hold what every in-flight request will hold over the new request's lifetime,
   then expected to need one more block than it has reached, up to its hard bound.
 * **Progress.** vLLM gives every running sequence at most one token per engine step, so the engine's
   step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
-  both sides: from above by the steps since its admission's count (at least the last scrape's before it, and
-  any later scrape's less what the engine runs since at its top rate: else a request admitted a calm second
-  after a scrape looks ~500 tokens along at once), the clock extrapolated at that rate; from below by steps
+  both sides: from above by the steps since its admission's count (at least the last scrape's before it),
+  the clock extrapolated at the engine's top rate, and by what that rate runs in the seconds since its
+  admission (``Steps.most_since``: else a request admitted a calm second after a scrape looks ~500 tokens
+  along at once, past a learned expectation of ~170, until a later scrape); from below by steps
   counted since a scrape that showed it running, less its prefill steps and :data:`SHOWN_SLACK_STEPS` (it
   ends no later than that says). The lower bound is the count a scrape read, never extrapolated: a step
   can take any time (a long prefill, a busy host), so no rate bounds it from below. A stream's counted
@@ -175,11 +176,14 @@ class Holding:
             peak = self._peak = (pool.block_size, pool.layout, self.demand.private_blocks(0, math.inf, pool))
         return peak[2]
 
-    def progress_high(self, step_high: float | None) -> int | None:
+    def progress_high(self, steps: Steps) -> int | None:
         """At most this many tokens generated (``None``: unknown)."""
-        if step_high is None or self.admitted_low is None:
+        if steps.high is None or self.admitted_low is None:
             return None
-        return max(self.generated, int(step_high - self.admitted_low))
+        high = steps.high - self.admitted_low
+        if (timed := steps.most_since(self.admitted_at)) is not None:
+            high = min(high, timed)
+        return max(self.generated, int(high))
 
     def progress_low(self, step_low: float | None) -> int:
         """At least this many steps run since a scrape showed it running (streamed tokens when known)."""
@@ -245,7 +249,7 @@ class CapacityLedger:
         return holding
 
     def _private(self, holding: Holding, steps: Steps, horizon: float, pool: PoolView) -> int:
-        done = holding.progress_high(steps.high)
+        done = holding.progress_high(steps)
         if done is None:
             done, horizon = holding.generated, math.inf
         if math.isinf(horizon) and done < holding.demand.expected_output:
@@ -311,14 +315,13 @@ class CapacityLedger:
         Bisected as if the answer only grew with progress: when to look again, never a decision (every
         admission is decided by :meth:`fits` on what a scrape has shown).
         """
-        low, high = steps.low, steps.high
+        low = steps.low
         ends = [end for h in self.holdings.values() if not math.isinf(end := h.steps_left(low))]
         if low is None or not ends:
             return None
 
         def fits_after(ahead: float) -> bool:
-            later = Steps(low + ahead, None if high is None else high + ahead)
-            return self.fits(demand, pool, later, margins)
+            return self.fits(demand, pool, steps.later(ahead), margins)
 
         if fits_after(0.0):
             return 0.0
@@ -355,13 +358,6 @@ class CapacityLedger:
             if holding.started_high is None and holding.admitted_at <= boundary - TRANSIT_SECONDS:
                 holding.started_high = step_count
 
-    def _raise_admission_counts(self, step_count: float, read_at: float, top_rate: float) -> None:
-        """Raise admission counts: at least ``step_count`` less ``top_rate`` a second up to ``read_at``."""
-        for holding in self.holdings.values():
-            floor = step_count - max(0.0, read_at - holding.admitted_at) * top_rate
-            if holding.admitted_low is not None and floor > holding.admitted_low:
-                holding.admitted_low = floor
-
     def free_blocks(self, pool: PoolView, steps: Steps) -> int:
         """Blocks not held or planned for by anyone at their peaks."""
         return pool.blocks - self.projected(steps, math.inf, pool) - self.unexplained
@@ -376,18 +372,14 @@ class CapacityLedger:
         running: float | None = None,
         step_count: float | None = None,
         sampled_at: float = -math.inf,
-        read_at: float | None = None,
-        top_rate: float | None = None,
     ) -> None:
-        """A scrape asked at ``sampled_at``, read at ``read_at`` (``top_rate``: most steps a second, or None).
+        """A scrape asked at ``sampled_at``.
 
         Holdings it shows running ("Which holdings a scrape shows running") get its step count as the latest
         step they started at; the gauge's ``used_blocks`` beyond what the ledger explains is kept.
         """
         if step_count is not None:
             self._mark_running(step_count, sampled_at, waiting=waiting, running=running)
-            if read_at is not None and top_rate is not None:
-                self._raise_admission_counts(step_count, read_at, top_rate)
         if used_blocks is not None:
             ended = sum(
                 self._private(h, steps, 0, pool) + len(h.demand.all_hashes)

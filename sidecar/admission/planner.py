@@ -20,7 +20,7 @@ from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.prefix_cache import prompt_hashes
-from sidecar.admission.rates import ReleaseRate, StepClock, Steps
+from sidecar.admission.rates import ReleaseRate, StepClock
 from sidecar.admission.retry import capacity_wait_estimate
 
 Hashes = tuple[tuple[int, ...], ...]
@@ -162,7 +162,7 @@ class CapacityPlanner:
             return False
         if extra.expected_output >= extra.output_bound and extra.lifetime + ENTRY_STEPS <= ahead:
             return True
-        later = Steps(steps.low + ahead, None if steps.high is None else steps.high + ahead)
+        later = steps.later(ahead)
         trial = self.ledger.add(extra, steps, now)
         try:
             return self.ledger.fits(waiting, pool, later, margins)
@@ -329,8 +329,6 @@ class CapacityPlanner:
                 running=running,
                 step_count=steps,
                 sampled_at=now if sampled_at is None else sampled_at,
-                read_at=now,
-                top_rate=self.steps.steps_within(1.0),
             )
 
     def engine_record(self, generation_lengths: tuple[tuple[float, float], ...]) -> None:

@@ -28,6 +28,25 @@ class Steps:
 
     low: float | None = None
     high: float | None = None
+    at: float = 0.0  # the sidecar's clock these bounds are for
+    top_rate: float | None = None  # the most steps a second (the margin included); None: unknown
+    ahead: float = 0.0  # steps taken to have run beyond ``at`` (a look ahead, not a reading)
+
+    def later(self, ahead: float) -> Steps:
+        """The bounds once ``ahead`` more steps have run."""
+        return Steps(
+            None if self.low is None else self.low + ahead,
+            None if self.high is None else self.high + ahead,
+            self.at,
+            self.top_rate,
+            self.ahead + ahead,
+        )
+
+    def most_since(self, then: float) -> float | None:
+        """The most steps the engine can have run since the sidecar's clock read ``then`` (None: unknown)."""
+        if self.top_rate is None:
+            return None
+        return max(0.0, self.at - then) * self.top_rate + self.ahead
 
 
 RATE_MARGIN = 1.1
@@ -84,11 +103,12 @@ class StepClock:
     def bounds(self, now: float) -> Steps:
         """The step count at ``now``, from below and from above (see the module docstring)."""
         if self._last is None:
-            return Steps()
+            return Steps(at=now)
         then, steps = self._last
         if self.max_rate <= 0.0:
-            return Steps(low=steps)
-        return Steps(low=steps, high=steps + max(0.0, now - then) * self.max_rate * RATE_MARGIN)
+            return Steps(low=steps, at=now)
+        top_rate = self.max_rate * RATE_MARGIN
+        return Steps(low=steps, high=steps + max(0.0, now - then) * top_rate, at=now, top_rate=top_rate)
 
 
 @dataclass(slots=True)

@@ -135,27 +135,26 @@ def test_progress_counts_from_the_scrape_that_showed_the_request_running() -> No
     assert ledger.fits(candidate, POOL, Steps(low=1265, high=1265))  # a running request stays running
 
 
-def test_a_later_scrape_bounds_the_count_at_admission_from_below() -> None:
+@pytest.mark.parametrize(
+    ("steps", "blocks"),
+    [
+        (Steps(low=500, high=510), 6),  # no top rate known: 100 + 510 + one more block, past its expectation
+        (Steps(low=500, high=510, at=1.05, top_rate=550), 2),  # 27 steps since admission: its peak
+        (Steps(low=500, high=510, at=2.0, top_rate=550), 6),  # a second on, 510 is the tighter bound again
+        (Steps(low=500, high=510, at=1.05, top_rate=550).later(100), 3),  # a look ahead: 127 along, past 50
+        (Steps(low=500, high=510, at=0.5, top_rate=550), 2),  # a clock before the admission: nothing run yet
+    ],
+)
+def test_progress_is_bounded_by_the_top_rate_since_the_admission(steps: Steps, blocks: int) -> None:
     """Admitted a calm second after the last scrape, an answer expected at 50 tokens looked 510 along.
 
     Its progress is bounded by the steps since its admission's count, known from below only as the last
-    scrape's (0) until a later scrape (500, read 0.05 s after the admission) says the engine, at 550 steps a
-    second at most, was at 472.5 or more when it was admitted: 37 tokens along, not past its expectation.
+    scrape's (0), and by what the engine runs at its top rate in the seconds since the admission (1.0): at
+    every decision, not only once a later scrape comes (at the calm interval, a second later).
     """
     ledger = CapacityLedger()
     ledger.add(demand(100, 50, bound=900), Steps(low=0, high=0), now=1.0)
-    now = Steps(low=500, high=510)
-    assert ledger.projected(now, math.inf, POOL) == 6  # 100 + 510 + one more block: past its expectation
-    ledger.observe_scrape(None, now, POOL, waiting=0, running=1, step_count=500, sampled_at=1.04)
-    assert ledger.projected(now, math.inf, POOL) == 6  # without the engine's top rate, nothing is raised
-    ledger.observe_scrape(
-        None, now, POOL, waiting=0, running=1, step_count=500, sampled_at=1.04, read_at=1.05, top_rate=550
-    )
-    assert ledger.projected(now, math.inf, POOL) == 2  # 150 tokens at its expected peak
-    ledger.observe_scrape(
-        None, now, POOL, waiting=0, running=1, step_count=600, sampled_at=9.9, read_at=10.0, top_rate=550
-    )
-    assert ledger.projected(now, math.inf, POOL) == 2  # a scrape long after cannot lower the count again
+    assert ledger.projected(steps, math.inf, POOL) == blocks
 
 
 def test_only_the_oldest_holdings_a_scrape_counts_are_shown_running() -> None:

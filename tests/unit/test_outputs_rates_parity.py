@@ -71,16 +71,19 @@ def test_output_settings_are_validated(bad: dict[str, float]) -> None:
 
 def test_the_step_clock_never_lags_the_engine_and_never_runs_ahead_of_it() -> None:
     clock = StepClock()
-    assert clock.bounds(0.0) == Steps()
+    assert clock.bounds(0.0) == Steps(at=0.0)
     clock.observe(0.0, 1000)
-    assert clock.bounds(0.5) == Steps(low=1000)  # no rate yet: the upper bound is unknown
+    assert clock.bounds(0.5) == Steps(low=1000, at=0.5)  # no rate yet: the upper bound is unknown
     clock.observe(1.0, 1200)  # 200 steps/s
     clock.observe(2.0, 1300)  # 100 steps/s: the fastest rate seen still counts
     bounds = clock.bounds(2.5)
     assert bounds.low == 1300  # what the last scrape read: a step may take any time, nothing extrapolates it
     assert bounds.high == pytest.approx(1300 + 0.5 * 200 * RATE_MARGIN)
+    assert bounds.top_rate == pytest.approx(200 * RATE_MARGIN)  # what the clock assumes, progress bounds too
+    assert bounds.most_since(2.0) == pytest.approx(0.5 * 200 * RATE_MARGIN)
+    assert bounds.later(30).most_since(2.0) == pytest.approx(0.5 * 200 * RATE_MARGIN + 30)
     clock.observe(5.0, 10)  # the counter went down: the engine restarted
-    assert clock.bounds(5.5) == Steps(low=10)
+    assert clock.bounds(5.5) == Steps(low=10, at=5.5)
 
 
 @pytest.mark.parametrize(
