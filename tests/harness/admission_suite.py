@@ -170,8 +170,10 @@ class KeptSidecar:
 async def run_suite(
     engine_url: str, model: Path, shapes: list[Shape], rounds: int, sidecar_args: list[str],
     seed: int = 7, progress: bool = True, workdir: Path | None = None, fresh_sidecars: bool = False,
+    overload_rounds: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every shape ``rounds`` times, direct and through the sidecar; raw runs and medians.
+    """Every shape ``rounds`` times (an open-loop one ``overload_rounds`` when given), direct and through the
+    sidecar; raw runs and medians.
 
     The sidecar is one :class:`KeptSidecar` for the suite, or with ``fresh_sidecars`` one started for each run
     (a spike right after the sidecar starts: no step rate, no answers of its own yet)."""
@@ -183,15 +185,18 @@ async def run_suite(
                 KeptSidecar(engine_url, model, sidecar_args, workdir / "sidecar-kept.log")
             )
         return await _run_shapes(
-            engine_url, model, shapes, rounds, sidecar_args, seed, progress, workdir, kept
-        )
+            engine_url, model, shapes, (rounds, overload_rounds or rounds), sidecar_args, seed, progress,
+            workdir, kept,
+        )  # fmt: skip
 
 
 async def _run_shapes(
-    engine_url: str, model: Path, shapes: list[Shape], rounds: int, sidecar_args: list[str], seed: int,
+    engine_url: str, model: Path, shapes: list[Shape], rounds: tuple[int, int], sidecar_args: list[str], seed: int,
     progress: bool, workdir: Path, kept: KeptSidecar | None,
 ) -> dict[str, Any]:  # fmt: skip
-    result: dict[str, Any] = {"engine_url": engine_url, "sidecar_args": sidecar_args, "seed": seed, "rounds": rounds,
+    """``rounds``: of each burst shape, of each open-loop one."""
+    result: dict[str, Any] = {"engine_url": engine_url, "sidecar_args": sidecar_args, "seed": seed,
+                              "rounds": rounds[0], "overload_rounds": rounds[1],
                               "prefix_cache_reset": True, "sidecar": "fresh per run" if kept is None else "kept",
                               "shapes": {}}  # fmt: skip
     run_index = 0
@@ -199,7 +204,8 @@ async def _run_shapes(
         print(f"  sidecar logs in {workdir}", flush=True)
     for shape in shapes:
         runs: dict[str, list[dict[str, Any]]] = {"direct": [], "sidecar": []}
-        for round_ in range(rounds):
+        shape_rounds = rounds[1] if shape.seconds > 0 else rounds[0]
+        for round_ in range(shape_rounds):
             planned = plan(shape, f"{seed}-{shape.name}-{round_}")
             for target in ("direct", "sidecar") if round_ % 2 == 0 else ("sidecar", "direct"):
                 await wait_idle(engine_url)
@@ -208,7 +214,7 @@ async def _run_shapes(
                 token_seed = seed * 1000 + round_  # the same prompts and sampling seeds for both targets
                 if progress:
                     print(
-                        f"  {shape.name} round {round_ + 1}/{rounds} {target} ({len(planned)} requests)",
+                        f"  {shape.name} round {round_ + 1}/{shape_rounds} {target} ({len(planned)} requests)",
                         flush=True,
                     )
                 if target == "direct":
@@ -240,6 +246,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of: " + ", ".join(SHAPES))
     parser.add_argument("--rounds", type=int, default=1, help="repeat each shape (medians reported)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--overload-rounds", type=int,
+                        help="rounds of the sustained overload (default: --rounds); each takes twice its length")
     parser.add_argument("--overload-seconds", type=float, default=60.0)
     parser.add_argument("--overload-rate", type=float, default=SHAPES["sustained-overload"].rate,
                         help="arrivals per second of the sustained overload (default %(default)s)")
@@ -275,7 +283,8 @@ def main() -> None:
         result = asyncio.run(
             run_suite(server.url if server else args.engine_url, model, shapes, args.rounds,
                       ["--max-num-seqs", str(args.max_num_seqs), *args.sidecar_arg], seed=args.seed,
-                      progress=not args.quiet, workdir=workdir, fresh_sidecars=args.fresh_sidecar)
+                      progress=not args.quiet, workdir=workdir, fresh_sidecars=args.fresh_sidecar,
+                      overload_rounds=args.overload_rounds)
         )  # fmt: skip
     finally:
         if server is not None:
