@@ -4,12 +4,17 @@ Run: ``.venv/bin/python -m bench.admission_ab --shape mid-size --rounds 4 --vari
 --variant 250ms=--scrape-interval=250ms``. Every round draws one plan of the shape (sizes, kinds, arrival times)
 and sends it straight to vLLM and through a fresh ``kv-sidecar run`` per variant, in an order that alternates
 between rounds; before each run vLLM's prefix cache is reset, so no run rides on blocks an earlier one left
-cached, and every target of a round gets the same token-id prompts and sampling seeds (fresh per round). A variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated;
-``name=`` alone is the defaults). ``--bare`` adds a target that goes through ``bench/bare_proxy.py`` (the
+cached, and every target of a round gets the same token-id prompts and sampling seeds (fresh per round). A
+variant is ``name=ARG[,ARG...]`` (sidecar arguments, ``,``-separated; ``name=`` alone is the defaults), or
+``name@TREE=...`` for a sidecar run from another checkout (``git worktree add /tmp/old HEAD~1``: two versions
+of the code in one run). ``--kept`` starts one sidecar per variant for the whole comparison, as in a pod (it
+watches every run and keeps what it learned: the step rate, answer lengths), instead of one per run (a spike
+in a sidecar's first second). ``--bare`` adds a target that goes through ``bench/bare_proxy.py`` (the
 40-line streaming aiohttp pass-through, no admission): the hop's own cost on this machine, apart from what
 the policy does. Prints each run and the medians (makespan, short p95, preemptions, lost, and the CPU seconds
 the proxy process, sidecar or bare, used during the run; vLLM's steps and the time per step; the sidecar's scrapes
-a second), with each target's paired ratio to straight; ``--overload-rate`` and ``--overload-seconds`` size the
+a second; the mean latency of the completed requests, steadier than a p95 of a few dozen), with each target's
+paired ratio to straight; ``--overload-rate`` and ``--overload-seconds`` size the
 sustained overload as the suite's options do; the engine is the
 admission suite's (started here unless ``--engine-url`` is given).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -29,9 +35,9 @@ from typing import Any
 
 from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_once
 from tests.harness.admission_shapes import SHAPES, Planned, Shape, plan
-from tests.harness.admission_suite import reset_prefix_cache, stop_process, through_sidecar
+from tests.harness.admission_suite import KeptSidecar, reset_prefix_cache, stop_process, through_sidecar
 from tests.harness.spike import wait_idle
-from tests.harness.vllm import VllmServer, free_port, make_tiny_model, vllm_python, wait_http
+from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 
 STRAIGHT = "straight"
 BARE = "bare"
@@ -55,21 +61,55 @@ async def through_bare_proxy(
         stop_process(process)
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    """``name=ARG,ARG`` -> (name, args)."""
-    name, _, args = text.partition("=")
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A sidecar to compare: its arguments and the checkout it runs from."""
+
+    args: list[str]
+    root: Path = ROOT
+
+
+def parse_variant(text: str) -> tuple[str, Variant]:
+    """``name[@TREE]=ARG,ARG`` -> (name, variant)."""
+    label, _, args = text.partition("=")
+    name, _, tree = label.partition("@")
     if not name or name in {STRAIGHT, BARE}:
         raise argparse.ArgumentTypeError(
             f"a variant needs a name other than {STRAIGHT!r} or {BARE!r}: {text!r}"
         )
-    return name, [a for a in args.split(",") if a]
+    root = Path(tree).resolve() if tree else ROOT
+    if not (root / "sidecar").is_dir():
+        raise argparse.ArgumentTypeError(f"{root} is not a kv-sidecar checkout (no sidecar/ in it): {text!r}")
+    return name, Variant([a for a in args.split(",") if a], root)
+
+
+def mean_latency(summary: dict[str, Any]) -> float | None:
+    """The mean latency of a run's completed requests (their final attempts)."""
+    finals = [c["retry"] or c["first"] for c in summary.get("clients", [])]
+    latencies = [a["latency"] for a in finals if a["status"] == 200 and a["error"] is None]
+    return statistics.fmean(latencies) if latencies else None
 
 
 async def compare(
-    engine: str, model: Path, shape: Shape, rounds: int, variants: dict[str, list[str]], workdir: Path,
-    *, bare: bool = False,
+    engine: str, model: Path, shape: Shape, rounds: int, variants: dict[str, Variant], workdir: Path,
+    *, bare: bool = False, kept: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """Every round: the same draw straight, through each variant (and the bare proxy); each run's figures."""
+    async with contextlib.AsyncExitStack() as stack:
+        sidecars = {
+            name: await stack.enter_async_context(
+                KeptSidecar(engine, model, v.args, workdir / f"{name}-kept.log", v.root)
+            )
+            for name, v in variants.items()
+            if kept
+        }
+        return await _compare(engine, model, shape, rounds, variants, workdir, bare, sidecars)
+
+
+async def _compare(
+    engine: str, model: Path, shape: Shape, rounds: int, variants: dict[str, Variant], workdir: Path,
+    bare: bool, sidecars: dict[str, KeptSidecar],
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     shape_name = shape.name
     targets = [STRAIGHT, *([BARE] if bare else []), *variants]
     runs: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
@@ -84,10 +124,12 @@ async def compare(
                 summary = await run_once(engine, engine, shape, planned, 9000 + round_)
             elif target == BARE:
                 summary = await through_bare_proxy(engine, shape, planned, 9000 + round_)
+            elif target in sidecars:
+                summary = await sidecars[target].run(shape, planned, 9000 + round_)
             else:
-                log = workdir / f"{target}-{index}.log"
+                log, variant = workdir / f"{target}-{index}.log", variants[target]
                 summary = await through_sidecar(
-                    engine, model, variants[target], log, shape, planned, 9000 + round_
+                    engine, model, variant.args, log, shape, planned, 9000 + round_, variant.root
                 )
             figures = {
                 k: summary.get(k)
@@ -100,7 +142,7 @@ async def compare(
                     "engine_steps",
                     "sidecar_scrapes",
                 )
-            }
+            } | {"mean_latency": mean_latency(summary)}
             runs[target].append(figures)
             print(
                 f"  round {round_ + 1} {target:<12} " + "  ".join(f"{k} {v}" for k, v in figures.items()),
@@ -129,6 +171,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     parser.add_argument("--bare", action="store_true", help="also run through the bare aiohttp proxy")
+    parser.add_argument(
+        "--kept", action="store_true", help="one sidecar per variant for all rounds, as in a pod"
+    )
     parser.add_argument("--engine-url", help="a running vLLM started with the harness's settings")
     parser.add_argument(
         "--overload-seconds", type=float, help="the sustained overload's length (its default)"
@@ -146,7 +191,10 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="kv-sidecar-ab-"))
     python = vllm_python()
     model = make_tiny_model(python, workdir / "tiny-model")
-    variants = {name: ["--max-num-seqs", str(args.max_num_seqs), *extra] for name, extra in args.variant}
+    variants = {
+        name: dataclasses.replace(v, args=["--max-num-seqs", str(args.max_num_seqs), *v.args])
+        for name, v in args.variant
+    }
     server = None
     if args.engine_url is None:
         os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # serves POST /reset_prefix_cache
@@ -154,7 +202,7 @@ def main() -> None:
         server.start()
     try:
         runs = asyncio.run(compare(server.url if server else args.engine_url, model, shape, args.rounds,
-                                   variants, workdir, bare=args.bare))  # fmt: skip
+                                   variants, workdir, bare=args.bare, kept=args.kept))  # fmt: skip
     finally:
         if server is not None:
             server.stop()
@@ -174,7 +222,8 @@ def main() -> None:
               f"  lost {lost:g}  proxy CPU {f'{statistics.median(cpu):.2f} s' if cpu else '-'}"
               f"  engine steps {f'{statistics.median(n for n, _ in steps):.0f}' if steps else '-'}"
               f" ({paired(runs, target, 'engine_steps')}; {f'{per_step:.2f} ms each' if per_step else '-'})"
-              + (f"  scrapes {statistics.median(scrapes):.1f}/s" if scrapes else ""))  # fmt: skip
+              + (f"  scrapes {statistics.median(scrapes):.1f}/s" if scrapes else "")
+              + f"  mean latency ({paired(runs, target, 'mean_latency')})")  # fmt: skip
 
 
 if __name__ == "__main__":

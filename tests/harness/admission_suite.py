@@ -48,15 +48,16 @@ from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vll
 
 
 def start_sidecar(
-    engine: str, model: Path, extra: list[str], log: IO[bytes]
+    engine: str, model: Path, extra: list[str], log: IO[bytes], root: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], str, str]:
-    """A fresh ``kv-sidecar run`` (no admission flags but ``extra``); the process, proxy and admin URLs."""
+    """A fresh ``kv-sidecar run`` (no admission flags but ``extra``) from the checkout at ``root``; the process,
+    proxy and admin URLs."""
     port, admin = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "run", "--upstream", engine, "--listen", f"127.0.0.1:{port}",
          "--admin-listen", f"127.0.0.1:{admin}", "--model", str(model), "--gpu-memory", "24GiB", "--nvml", "off",
          "--log-level", "warning", *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        cwd=root, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     return process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
 
@@ -106,11 +107,12 @@ def tail(path: Path, chars: int = 2000) -> str:
 
 
 async def through_sidecar(
-    engine: str, model: Path, extra: list[str], log_path: Path, shape: Shape, planned: list[Planned], token_seed: int
+    engine: str, model: Path, extra: list[str], log_path: Path, shape: Shape, planned: list[Planned], token_seed: int,
+    root: Path = ROOT,
 ) -> dict[str, Any]:  # fmt: skip
     """One run through a sidecar started for it alone (stopped after; its log in ``log_path``)."""
     with log_path.open("wb") as log:
-        process, proxy, admin = start_sidecar(engine, model, extra, log)
+        process, proxy, admin = start_sidecar(engine, model, extra, log, root)
         try:
             status = await wait_sidecar(process, admin)
             cpu_before = process_cpu_seconds(process.pid)
@@ -127,15 +129,17 @@ class KeptSidecar:
     """One ``kv-sidecar run`` for the whole suite, as in a pod: started once, it watches every run, straight
     ones included, so a spike meets a sidecar that knows the engine's step rate and its answers' lengths."""
 
-    def __init__(self, engine: str, model: Path, extra: list[str], log_path: Path) -> None:
-        self.engine, self.model, self.extra, self.log_path = engine, model, extra, log_path
+    def __init__(self, engine: str, model: Path, extra: list[str], log_path: Path, root: Path = ROOT) -> None:
+        self.engine, self.model, self.extra, self.log_path, self.root = engine, model, extra, log_path, root
         self._log: IO[bytes] | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.proxy = self.admin = ""
 
     async def __aenter__(self) -> KeptSidecar:
         self._log = self.log_path.open("wb")
-        self.process, self.proxy, self.admin = start_sidecar(self.engine, self.model, self.extra, self._log)
+        self.process, self.proxy, self.admin = start_sidecar(
+            self.engine, self.model, self.extra, self._log, self.root
+        )
         try:
             await wait_sidecar(self.process, self.admin)
         except RuntimeError as exc:
