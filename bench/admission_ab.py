@@ -35,12 +35,18 @@ from typing import Any
 
 from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_once
 from tests.harness.admission_shapes import SHAPES, Planned, Shape, plan
-from tests.harness.admission_suite import KeptSidecar, reset_prefix_cache, stop_process, through_sidecar
+from tests.harness.admission_suite import (
+    BARE,
+    STRAIGHT,
+    KeptSidecar,
+    Variant,
+    parse_variant,
+    reset_prefix_cache,
+    stop_process,
+    through_sidecar,
+)
 from tests.harness.spike import wait_idle
-from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python, wait_http
-
-STRAIGHT = "straight"
-BARE = "bare"
+from tests.harness.vllm import VllmServer, free_port, make_tiny_model, vllm_python, wait_http
 
 
 async def through_bare_proxy(
@@ -59,35 +65,6 @@ async def through_bare_proxy(
         return summary | {"proxy_cpu_seconds": cpu_spent(process.pid, before)}
     finally:
         stop_process(process)
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """A sidecar to compare: its arguments and the checkout it runs from."""
-
-    args: list[str]
-    root: Path = ROOT
-
-
-def parse_variant(text: str) -> tuple[str, Variant]:
-    """``name[@TREE]=ARG,ARG`` -> (name, variant)."""
-    label, _, args = text.partition("=")
-    name, _, tree = label.partition("@")
-    if not name or name in {STRAIGHT, BARE}:
-        raise argparse.ArgumentTypeError(
-            f"a variant needs a name other than {STRAIGHT!r} or {BARE!r}: {text!r}"
-        )
-    root = Path(tree).resolve() if tree else ROOT
-    if not (root / "sidecar").is_dir():
-        raise argparse.ArgumentTypeError(f"{root} is not a kv-sidecar checkout (no sidecar/ in it): {text!r}")
-    return name, Variant([a for a in args.split(",") if a], root)
-
-
-def mean_latency(summary: dict[str, Any]) -> float | None:
-    """The mean latency of a run's completed requests (their final attempts)."""
-    finals = [c["retry"] or c["first"] for c in summary.get("clients", [])]
-    latencies = [a["latency"] for a in finals if a["status"] == 200 and a["error"] is None]
-    return statistics.fmean(latencies) if latencies else None
 
 
 async def compare(
@@ -141,8 +118,9 @@ async def _compare(
                     "proxy_cpu_seconds",
                     "engine_steps",
                     "sidecar_scrapes",
+                    "mean_latency",
                 )
-            } | {"mean_latency": mean_latency(summary)}
+            }
             runs[target].append(figures)
             print(
                 f"  round {round_ + 1} {target:<12} " + "  ".join(f"{k} {v}" for k, v in figures.items()),

@@ -226,5 +226,6 @@ def summarize(
         "retried": len(retried),
         "retry_admitted_share": sum(c.final.ok for c in retried) / len(retried) if retried else None,
         "admitted_max_latency": max((a.latency for _, a in ok), default=None),
+        "mean_latency": statistics.fmean(a.latency for _, a in ok) if ok else None,
         "errors": sorted({a.error for a in attempts if a.error})[:5],
     }

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +45,33 @@ from tests.harness.admission_runs import cpu_spent, process_cpu_seconds, run_onc
 from tests.harness.admission_shapes import SHAPES, Planned, Shape, plan
 from tests.harness.spike import RESULTS, wait_idle
 from tests.harness.vllm import ROOT, VllmServer, free_port, make_tiny_model, vllm_python
+
+STRAIGHT = "straight"
+"""The A/B bench's name for runs straight to vLLM."""
+BARE = "bare"
+"""The A/B bench's name for runs through the bare pass-through."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A sidecar to compare: its arguments and the checkout it runs from."""
+
+    args: list[str]
+    root: Path = ROOT
+
+
+def parse_variant(text: str) -> tuple[str, Variant]:
+    """``name[@TREE]=ARG,ARG`` -> (name, variant): the A/B bench's ``--variant``."""
+    label, _, args = text.partition("=")
+    name, _, tree = label.partition("@")
+    if not name or name in {STRAIGHT, BARE}:
+        raise argparse.ArgumentTypeError(
+            f"a variant needs a name other than {STRAIGHT!r} or {BARE!r}: {text!r}"
+        )
+    root = Path(tree).resolve() if tree else ROOT
+    if not (root / "sidecar").is_dir():
+        raise argparse.ArgumentTypeError(f"{root} is not a kv-sidecar checkout (no sidecar/ in it): {text!r}")
+    return name, Variant([a for a in args.split(",") if a], root)
 
 
 def start_sidecar(

@@ -1,4 +1,4 @@
-"""The A/B bench's variant syntax and its mean-latency figure."""
+"""The A/B bench's variant syntax and the runs' mean-latency figure (harnesses in ``tests/harness``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.admission_ab import Variant, mean_latency, parse_variant
+from tests.harness.admission_runs import Attempt, Client, summarize
+from tests.harness.admission_shapes import SHAPES
+from tests.harness.admission_suite import Variant, parse_variant
 from tests.harness.vllm import ROOT
 
 
@@ -28,14 +30,12 @@ def test_a_variant_that_cannot_be_told_apart_or_run_is_refused(text: str) -> Non
 
 
 def test_the_mean_latency_counts_completed_final_attempts_only() -> None:
-    def attempt(status: int | None, latency: float, error: str | None = None) -> dict[str, object]:
-        return {"status": status, "latency": latency, "error": error}
-
     clients = [
-        {"first": attempt(200, 1.0), "retry": None},
-        {"first": attempt(429, 0.1), "retry": attempt(200, 3.0)},  # the retry decides
-        {"first": attempt(200, 9.0, "stream ended without [DONE]"), "retry": None},
-        {"first": attempt(None, 9.0, "TimeoutError"), "retry": None},
+        Client("gen", False, Attempt(200, 1.0)),
+        Client("gen", False, Attempt(429, 0.1, "kv-pressure", 1.0), Attempt(200, 3.0)),  # the retry decides
+        Client("gen", True, Attempt(200, 9.0, error="stream ended without [DONE]")),
+        Client("gen", False, Attempt(None, 9.0, error="TimeoutError")),
     ]
-    assert mean_latency({"clients": clients}) == pytest.approx(2.0)
-    assert mean_latency({"clients": []}) is None
+    shape = SHAPES["generous-max-tokens"]
+    assert summarize(shape, clients, 0, 0.0, 1.0)["mean_latency"] == pytest.approx(2.0)
+    assert summarize(shape, [], 0, 0.0, 1.0)["mean_latency"] is None
