@@ -84,9 +84,12 @@ class StepClock:
 
     def steps_within(self, seconds: float) -> float | None:
         """The most steps the engine runs in ``seconds`` (its top rate x the margin); ``None``: unknown."""
-        if self.max_rate <= 0.0:
-            return None
-        return seconds * self.max_rate * RATE_MARGIN
+        top_rate = self.top_rate()
+        return None if top_rate is None else seconds * top_rate
+
+    def top_rate(self) -> float | None:
+        """The most steps a second the engine is taken to run: its fastest seen x the margin, or None."""
+        return self.max_rate * RATE_MARGIN if self.max_rate > 0.0 else None
 
     def age(self, now: float) -> float:
         """Seconds since the last scrape's count was read (0 before any)."""
@@ -105,9 +108,8 @@ class StepClock:
         if self._last is None:
             return Steps(at=now)
         then, steps = self._last
-        if self.max_rate <= 0.0:
+        if (top_rate := self.top_rate()) is None:
             return Steps(low=steps, at=now)
-        top_rate = self.max_rate * RATE_MARGIN
         return Steps(low=steps, high=steps + max(0.0, now - then) * top_rate, at=now, top_rate=top_rate)
 
 
