@@ -342,3 +342,17 @@ def test_a_request_that_starts_sooner_is_checked_over_a_shorter_span() -> None:
     candidate = Demand((1000,), 1, 24, 24, 2048)
     assert ledger.fits(candidate, pool, Steps(low=0, high=0), Margins(start_within=20))
     assert not ledger.fits(candidate, pool, Steps(low=0, high=0))
+
+
+def test_steps_until_fit_finds_a_fit_between_two_ends_that_is_gone_after_both() -> None:
+    """Two 300-token answers with known ends: a third fits once the first has run a step further, but not
+    once both are at their ends (each still a prefill away, every one at its peak): the twin's mid-size case."""
+    ledger = CapacityLedger()
+    for prompt, admitted, started in ((349, 329, 355), (366, 406, 432)):
+        held = ledger.add(demand(prompt, 300), Steps(low=admitted, high=admitted))
+        ledger.holdings[held].started_high = started
+    candidate, margins = demand(391, 300), Margins(start_within=55)
+    assert not ledger.fits(candidate, POOL, Steps(low=537, high=541), margins)
+    assert ledger.fits(candidate, POOL, Steps(low=538, high=541), margins)
+    assert not ledger.fits(candidate, POOL, Steps(low=537, high=541).later(200), margins)
+    assert ledger.steps_until_fit(candidate, POOL, Steps(low=537, high=541), margins) == 1
