@@ -314,11 +314,10 @@ class CapacityLedger:
     ) -> float | None:
         """About how many engine steps from now :meth:`fits` first says yes if nobody comes or goes, or None.
 
-        When to look again, never a decision. The answer does not only grow with progress: past the last
-        certain end every holding is at its peak at once (its end still a prefill away), so the span is
-        scanned in :data:`UNTIL_FIT_SCANS` strides for the first fit, then bisected within the stride
-        (bisected over the whole span, mid-size heads in the twin found no answer for 1,224 steps with one
-        a step away).
+        When to look again, never a decision. Bisected as if the answer only grew with progress; it does not
+        always: past the last certain end every holding is at its peak at once (its end still a prefill
+        away). When it fails there, the span is scanned in :data:`UNTIL_FIT_SCANS` strides for the first fit
+        (else mid-size heads in the twin found no answer for 1,224 steps with one a step away).
         """
         low = steps.low
         ends = [end for h in self.holdings.values() if not math.isinf(end := h.steps_left(low))]
@@ -330,12 +329,13 @@ class CapacityLedger:
 
         if fits_after(0.0):
             return 0.0
-        span = math.ceil(max(ends)) + 1
-        stride = max(1, math.ceil(span / UNTIL_FIT_SCANS))
-        above = next((at for at in range(stride, span + stride, stride) if fits_after(at)), None)
-        if above is None:
-            return None
-        below = above - stride
+        below, above = 0, math.ceil(max(ends)) + 1
+        if not fits_after(above):
+            stride = max(1, math.ceil(above / UNTIL_FIT_SCANS))
+            found = next((at for at in range(stride, above, stride) if fits_after(at)), None)
+            if found is None:
+                return None
+            below, above = found - stride, found
         while above - below > 1:
             middle = (below + above) // 2
             below, above = (below, middle) if fits_after(middle) else (middle, above)
