@@ -27,9 +27,9 @@ can hold what every in-flight request will hold over the new request's lifetime,
   admission (``Steps.most_since``: else a request admitted a calm second after a scrape looks ~500 tokens
   along at once, past a learned expectation of ~170, until a later scrape); from below by steps
   counted since a scrape that showed it running, less its prefill steps and :data:`SHOWN_SLACK_STEPS` (it
-  ends no later than that says). The lower bound is the count a scrape read, never extrapolated: a step
-  can take any time (a long prefill, a busy host), so no rate bounds it from below. A stream's counted
-  tokens are exact progress. Without a step clock a request is taken to be at its expected peak.
+  ends no later than that says). The lower bound is the count a scrape read, or what a stream proved since
+  (one token a step: ``CapacityPlanner.progress``), never extrapolated: a step can take any time, so no rate
+  bounds it from below. A stream's tokens are exact progress. Without a step clock: at its expected peak.
 * **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps, plus
   the steps before it starts: a request that starts late ends late, while the others go on growing. With
   a sequence slot of its own it starts within :data:`TRANSIT_SECONDS` (at the engine's highest step rate);

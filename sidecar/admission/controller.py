@@ -327,8 +327,9 @@ class AdmissionController:
             self._scrape_soon(delay)
 
     def progress(self, ticket: Ticket, generated: int) -> None:
-        """A streaming answer has reached ``generated`` tokens per sequence."""
-        self.planner.progress(ticket.holding, generated)
+        """A streamed answer has reached ``generated`` tokens per sequence: dispatch if the planner asks."""
+        if self.planner.progress(ticket.holding, generated, self.now()):
+            self.dispatch()
 
     def release(self, ticket: Ticket, *, completed: bool = True) -> None:
         """The response to an admitted request has ended: free its slot and blocks, learn, let waiters in."""
@@ -340,14 +341,11 @@ class AdmissionController:
         self.reserved_tokens -= ticket.reserved_tokens
         if completed:
             self.stats[ticket.lane].record(now - ticket.admitted_at)
+        taught = ticket.completion_tokens if ticket.teaches_output else None
         self.planner.release(
-            ticket.holding,
-            ticket.sequences,
-            now,
-            completed=completed,
-            completion_tokens=ticket.completion_tokens if ticket.teaches_output else None,
+            ticket.holding, ticket.sequences, now, completed=completed, completion_tokens=taught,
             key=(ticket.route, ticket.model),
-        )
+        )  # fmt: skip
         self.dispatch()
 
     def observe(

@@ -14,7 +14,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from sidecar.admission.body import RequestFacts
-from sidecar.admission.capacity import ENTRY_STEPS, TRANSIT_SECONDS, CapacityLedger, Demand, Margins
+from sidecar.admission.capacity import (
+    ENTRY_STEPS,
+    SHOWN_SLACK_STEPS,
+    TRANSIT_SECONDS,
+    CapacityLedger,
+    Demand,
+    Margins,
+)
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
@@ -71,6 +78,7 @@ class CapacityPlanner:
         self.inflight_sequences = 0
         self.last_short: tuple[float, int] | None = None  # when a short request last came, and its blocks
         self._last_demand: tuple[RequestFacts, Hashes, PoolView, int, int, Demand] | None = None
+        self.wake_at: float | None = None  # the step count at which a head waiting for blocks fits
 
     def known(self) -> bool:
         """Whether a pool and ``max_model_len`` are known (else ``capacity`` falls back to ``lanes``)."""
@@ -204,6 +212,7 @@ class CapacityPlanner:
         if pool is None:
             return None
         blocked, wanted = False, list[float]()
+        self.wake_at = None
         for facts, hashes, leave_short_room in heads:
             demand = self.demand(facts, hashes)
             margins = self._margins(facts, now, leave_short_room)
@@ -211,6 +220,8 @@ class CapacityPlanner:
                 continue
             blocked = True
             ahead = self.ledger.steps_until_fit(demand, pool, steps, margins)
+            if ahead and steps.low is not None:
+                self.wake_at = min(steps.low + ahead, self.wake_at or math.inf)
             if ahead and rate > 0:  # counted from the last scrape's count, which the engine has run past
                 wanted.append(max(0.0, ahead / rate - self.steps.age(now)))
         if not blocked:
@@ -278,10 +289,26 @@ class CapacityPlanner:
         demand = self.demand(facts, hashes) if in_ledger else None
         return None if demand is None else self.ledger.add(demand, self.steps.bounds(now), now)
 
-    def progress(self, holding: int | None, generated: int) -> None:
-        """A streaming answer has reached ``generated`` tokens per sequence."""
-        if holding is not None and (held := self.ledger.holdings.get(holding)) is not None:
-            held.generated = max(held.generated, generated)
+    def progress(self, holding: int | None, generated: int, now: float) -> bool:
+        """A streamed answer has reached ``generated`` tokens per sequence; whether to look at the queue now.
+
+        A stream is a step clock (vLLM gives a running sequence at most one token a step): the engine has run
+        at least ``generated`` steps since the count read before the admission, and the request started at
+        least ``generated`` steps before the clock's upper bound now. Both feed the ledger between scrapes.
+        Look when the first token shows a start (an end becomes certain) and when the lower bound reaches
+        where a waiting request was found to fit (:attr:`wake_at`, set by :meth:`scrape_wanted`).
+        """
+        held = self.ledger.holdings.get(holding) if holding is not None else None
+        if held is None or generated <= held.generated:
+            return False
+        held.generated, steps, known = generated, self.steps.bounds(now), held.started_high
+        if steps.high is not None:
+            started = steps.high - generated + SHOWN_SLACK_STEPS
+            held.started_high = started if known is None else min(known, started)
+        floor = None if held.admitted_low is None else held.admitted_low + generated
+        if floor is not None and self.steps.at_least(floor) and self.wake_at is not None:
+            return floor >= self.wake_at or known is None
+        return known is None and held.started_high is not None
 
     def release(
         self,

@@ -4,10 +4,13 @@
   observed once per step; its ``_count``). Each scrape gives the true count. Between scrapes the
   *upper* bound runs on at the highest step rate seen since the engine started (x 1.1), so it never
   lags what the engine has done (lagging would make in-flight requests look younger, and smaller,
-  than they are); the *lower* bound is the count the last scrape read, not extrapolated: a step can
-  take any time (a long prefill, a host busy with other work; measured here, a 250 ms window's rate
-  was no bound for the next), so a request is never taken to be further along (closer to its end)
-  than it is. A counter that goes down is an engine restart: the clock starts over. Its *pace*
+  than they are); the *lower* bound is the count the last scrape read, or the count a streamed answer
+  has proved since (:meth:`StepClock.at_least`: vLLM gives a running sequence at most one token a step,
+  so a stream's tokens since the count read before its admission are steps the engine ran), never
+  extrapolated: a step can take any time (a long prefill, a host busy with other work; measured here, a
+  250 ms window's rate was no bound for the next), so a request is never taken to be further along
+  (closer to its end) than it is. A counter that goes down is an engine restart: the clock starts over,
+  and what streams proved with it. Its *pace*
   (:meth:`StepClock.pace`) only times the next scrape, never a decision: the rate over the last
   :data:`PACE_WINDOW_SECONDS` of scrapes, or between the last two when that was faster. Between two
   scrapes 50 ms apart the rate read 0 to 60 steps a second on the mid-size spike while the engine ran
@@ -64,6 +67,7 @@ class StepClock:
     max_rate: float = 0.0  # steps per second
     recent_rate: float = 0.0  # steps per second between the last two scrapes
     _recent: deque[tuple[float, float]] = field(default_factory=deque)  # (time, steps) over the pace window
+    floor: float | None = None  # a count the engine has certainly reached since the last scrape (at_least)
 
     def observe(self, now: float, steps: float | None) -> None:
         """A scrape at ``now`` read ``steps``."""
@@ -74,6 +78,7 @@ class StepClock:
             if steps < before:  # the engine restarted
                 self.max_rate = self.recent_rate = 0.0
                 self._recent.clear()
+                self.floor = None
             elif now > then:
                 self.recent_rate = (steps - before) / (now - then)
                 self.max_rate = max(self.max_rate, self.recent_rate)
@@ -81,6 +86,13 @@ class StepClock:
         self._recent.append((now, steps))
         while len(self._recent) > 2 and now - self._recent[1][0] >= PACE_WINDOW_SECONDS:
             self._recent.popleft()  # keep the newest sample at least a window old
+
+    def at_least(self, steps: float) -> bool:
+        """The engine has certainly run to ``steps`` (a stream says so); whether the lower bound rose."""
+        if self._last is None or steps <= max(self._last[1], self.floor or 0.0):
+            return False
+        self.floor = steps
+        return True
 
     def steps_within(self, seconds: float) -> float | None:
         """The most steps the engine runs in ``seconds`` (its top rate x the margin); ``None``: unknown."""
@@ -108,9 +120,11 @@ class StepClock:
         if self._last is None:
             return Steps(at=now)
         then, steps = self._last
+        low = steps if self.floor is None else max(steps, self.floor)
         if (top_rate := self.top_rate()) is None:
-            return Steps(low=steps, at=now)
-        return Steps(low=steps, high=steps + max(0.0, now - then) * top_rate, at=now, top_rate=top_rate)
+            return Steps(low=low, at=now)
+        high = max(low, steps + max(0.0, now - then) * top_rate)
+        return Steps(low=low, high=high, at=now, top_rate=top_rate)
 
 
 @dataclass(slots=True)

@@ -63,6 +63,7 @@ class Knowledge:
     scrape_steps: int = 1
     scrape_interval: float = ScrapeSettings().interval
     soonest_seconds: float = SOONEST_SECONDS
+    streams: bool = False  # every answer streams: each step's token reaches the sidecar return_steps later
 
 
 def twin_schedule(arrivals: Sequence[Arrival], engine: Engine, knowledge: Knowledge) -> Outcome:
@@ -84,7 +85,7 @@ class _Twin:
         self.indices = {id(r): i for i, r in enumerate(self.requests)}
         self.holdings: dict[int, int | None] = {}
         self.waiting: list[_Running] = []
-        self.events: list[tuple[int, int, str, int]] = []  # (step, order, kind, index): entries, releases
+        self.events: list[tuple[int, int, str, int, int]] = []  # (step, order, kind, index, tokens)
         self.scrapes: list[tuple[int, float]] = []  # (step it is read at, when it was asked)
         self.next_interval, self.last_asked, self.order = 0.0, -1.0, 0
         self.asked_for: float | None = None
@@ -100,11 +101,16 @@ class _Twin:
             for request in model.step():
                 done += 1
                 self._later(model.steps + self.knowledge.return_steps, "release", request)
+            if self.knowledge.streams:
+                for request in model.running:
+                    self._later(
+                        model.steps + self.knowledge.return_steps, "token", request, request.generated
+                    )
         return Outcome(model.steps, model.preemptions, model.peak, _ends(self.requests))
 
-    def _later(self, step: int, kind: str, request: _Running) -> None:
+    def _later(self, step: int, kind: str, request: _Running, tokens: int = 0) -> None:
         self.order += 1
-        heapq.heappush(self.events, (step, self.order, kind, self.indices[id(request)]))
+        heapq.heappush(self.events, (step, self.order, kind, self.indices[id(request)], tokens))
 
     def _arrivals(self, now: float) -> bool:
         arrived = False
@@ -118,9 +124,13 @@ class _Twin:
     def _events(self, now: float) -> bool:
         released = False
         while self.events and self.events[0][0] <= self.model.steps:
-            _, _, kind, index = heapq.heappop(self.events)
+            _, _, kind, index, tokens = heapq.heappop(self.events)
             if kind == "enter":
                 self.model.arrive(self.requests[index])
+            elif kind == "token":
+                holding = self.holdings.get(index)
+                if holding is not None and tokens and self.planner.progress(holding, tokens, now):
+                    released = True  # the controller dispatches when the planner says a head may fit
             else:
                 released = True
                 holding = self.holdings.pop(index)

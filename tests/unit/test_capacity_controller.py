@@ -300,3 +300,24 @@ async def test_a_dropped_request_is_told_the_wait_behind_what_will_go_before_it(
             await task
     for ticket in held:
         controller.release(ticket)
+
+
+async def test_a_streamed_answer_lets_the_next_request_in_without_a_scrape() -> None:
+    """The first long request streams: its tokens are engine steps, so the second is let in at its step."""
+    clock = Clock()
+    controller = make(clock)
+    controller._scrape_soon = lambda _delay: None  # noqa: SLF001 - no scraper here: no scrape ever comes
+    controller.observe(clock.now - 0.25, 0.0, stale=False, steps=900, waiting=0, running=0)
+    controller.observe(clock.now, 0.0, stale=False, steps=1000, waiting=0, running=0)  # 400 steps/s
+    first = await admit(controller, LONG)
+    second = asyncio.create_task(admit(controller, LONG))
+    await asyncio.sleep(0)
+    for tokens in range(1, 112):
+        clock.now += 1 / 400
+        controller.progress(first, tokens)
+    assert controller.total_inflight == 1  # 111 tokens: one step short of where the second one fits
+    clock.now += 1 / 400
+    controller.progress(first, 112)
+    assert controller.total_inflight == 2
+    for ticket in (first, await asyncio.wait_for(second, 1.0)):
+        controller.release(ticket)

@@ -171,3 +171,21 @@ def test_the_engines_output_length_histogram_is_read_from_its_page() -> None:
     assert lengths[-1] == (math.inf, 6.0)
     assert dict(lengths)[200.0] == 6.0
     assert dict(lengths)[100.0] == 0.0
+
+
+def test_a_stream_raises_the_step_clocks_lower_bound_between_scrapes() -> None:
+    """A streamed token is an engine step: the lower bound rises to what a stream proves, never falls."""
+    clock = StepClock()
+    assert not clock.at_least(500)  # before any scrape there is no count to raise
+    clock.observe(0.0, 1000)
+    clock.observe(1.0, 1200)  # 200 steps/s
+    assert not clock.at_least(1100)  # below the scrape's count: nothing new
+    assert clock.at_least(1250)
+    assert clock.bounds(1.1).low == 1250
+    assert clock.at_least(1400)  # faster than the top rate says: the upper bound follows (never below)
+    assert clock.bounds(1.1).high == 1400
+    assert not clock.at_least(1300)
+    clock.observe(1.2, 1300)  # a scrape asked before those tokens came: the stream's count still holds
+    assert clock.bounds(1.2).low == 1400
+    clock.observe(2.0, 10)  # the engine restarted: what the streams proved is gone with it
+    assert clock.bounds(2.0).low == 10

@@ -138,3 +138,23 @@ def test_a_request_with_a_sequence_slot_of_its_own_starts_within_its_transit() -
     unknown_limit.observe(10.0, 0.0, stale=False, steps=1000, waiting=0, running=0, sampled_at=10.0)
     unknown_limit.observe(10.1, 0.0, stale=False, steps=1050, waiting=0, running=0, sampled_at=10.1)
     assert unknown_limit.start_within(facts(600, 400)) is None  # the engine's limit is not known
+
+
+def test_a_stream_is_a_step_clock_between_scrapes() -> None:
+    """A streamed answer tells the planner the engine's steps without a scrape, and when to look again."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    planner.observe(9.75, 0.0, stale=False, steps=900, waiting=0, running=0, sampled_at=9.75)
+    planner.observe(10.0, 0.0, stale=False, steps=1000, waiting=0, running=0, sampled_at=10.0)  # 400/s
+    first = planner.hold(facts(600, 400), (), 10.0, in_ledger=True)  # admitted after the count of 1,000
+    second = facts(600, 400)  # fits once the first is ~109 steps along and certain to end (test_capacity)
+    assert planner.scrape_wanted(10.0, [(second, (), False)]) is not None
+    assert planner.wake_at is None  # not shown running: nothing says when it ends
+    assert planner.progress(first, 1, 10.0025)  # its first token: it runs, its end is certain, look again
+    assert planner.scrape_wanted(10.0025, [(second, (), False)]) is not None
+    assert planner.wake_at == 1112  # 111 steps after the count the first token proves
+    assert not planner.progress(first, 1, 10.003)  # nothing new
+    assert not planner.progress(first, 100, 10.25)
+    assert planner.steps.bounds(10.25).low == 1100  # 1,000 + 100 tokens, with no scrape since 10.0
+    assert not planner.fits(second, (), 10.25)
+    assert planner.progress(first, 112, 10.28)  # the engine reached the step the second one fits at
+    assert planner.fits(second, (), 10.28)  # and it does, with no scrape since 10.0
