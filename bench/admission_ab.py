@@ -160,8 +160,12 @@ def main() -> None:
     parser.add_argument(
         "--max-num-seqs", type=int, default=4, help="told to every sidecar (the harness starts 4)"
     )
+    parser.add_argument("--streamed", action="store_true", help="every request of the shape streams")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
+    if args.streamed:
+        kinds = tuple(dataclasses.replace(kind, stream_share=1.0) for kind in shape.kinds)
+        shape = dataclasses.replace(shape, kinds=kinds)
     if shape.seconds > 0:
         shape = dataclasses.replace(
             shape, seconds=args.overload_seconds or shape.seconds, rate=args.overload_rate or shape.rate
