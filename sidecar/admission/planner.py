@@ -292,20 +292,21 @@ class CapacityPlanner:
     def progress(self, holding: int | None, generated: int, now: float) -> bool:
         """A streamed answer has reached ``generated`` tokens per sequence; whether to look at the queue now.
 
-        A stream is a step clock (vLLM gives a running sequence at most one token a step): the engine has run
-        at least ``generated`` steps since the count read before the admission, and the request started at
-        least ``generated`` steps before the clock's upper bound now. Both feed the ledger between scrapes.
-        Look when the first token shows a start (an end becomes certain) and when the lower bound reaches
-        where a waiting request was found to fit (:attr:`wake_at`, set by :meth:`scrape_wanted`).
+        A stream is a step clock (vLLM gives a running sequence at most one token a step): past its first
+        events (a chat stream's role event carries no token), the engine has run that many steps since the
+        count read before the admission, and the request started that many before the clock's upper bound.
+        Both feed the ledger between scrapes. Look when the first token shows a start (an end becomes
+        certain) and when the lower bound reaches where a waiting request was found to fit (:attr:`wake_at`).
         """
         held = self.ledger.holdings.get(holding) if holding is not None else None
         if held is None or generated <= held.generated:
             return False
         held.generated, steps, known = generated, self.steps.bounds(now), held.started_high
-        if steps.high is not None:
-            started = steps.high - generated + SHOWN_SLACK_STEPS
+        proved = generated - SHOWN_SLACK_STEPS
+        if steps.high is not None and proved > 0:
+            started = steps.high - proved + SHOWN_SLACK_STEPS
             held.started_high = started if known is None else min(known, started)
-        floor = None if held.admitted_low is None else held.admitted_low + generated
+        floor = None if held.admitted_low is None or proved <= 0 else held.admitted_low + proved
         if floor is not None and self.steps.at_least(floor) and self.wake_at is not None:
             return floor >= self.wake_at or known is None
         return known is None and held.started_high is not None

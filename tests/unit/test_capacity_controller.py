@@ -312,12 +312,12 @@ async def test_a_streamed_answer_lets_the_next_request_in_without_a_scrape() -> 
     first = await admit(controller, LONG)
     second = asyncio.create_task(admit(controller, LONG))
     await asyncio.sleep(0)
-    for tokens in range(1, 112):
+    for tokens in range(1, 116):
         clock.now += 1 / 400
         controller.progress(first, tokens)
-    assert controller.total_inflight == 1  # 111 tokens: one step short of where the second one fits
+    assert controller.total_inflight == 1  # 115 events: one short of proving the step the second one fits at
     clock.now += 1 / 400
-    controller.progress(first, 112)
+    controller.progress(first, 116)
     assert controller.total_inflight == 2
     for ticket in (first, await asyncio.wait_for(second, 1.0)):
         controller.release(ticket)

@@ -149,12 +149,14 @@ def test_a_stream_is_a_step_clock_between_scrapes() -> None:
     second = facts(600, 400)  # fits once the first is ~109 steps along and certain to end (test_capacity)
     assert planner.scrape_wanted(10.0, [(second, (), False)]) is not None
     assert planner.wake_at is None  # not shown running: nothing says when it ends
-    assert planner.progress(first, 1, 10.0025)  # its first token: it runs, its end is certain, look again
-    assert planner.scrape_wanted(10.0025, [(second, (), False)]) is not None
-    assert planner.wake_at == 1112  # 111 steps after the count the first token proves
-    assert not planner.progress(first, 1, 10.003)  # nothing new
-    assert not planner.progress(first, 100, 10.25)
-    assert planner.steps.bounds(10.25).low == 1100  # 1,000 + 100 tokens, with no scrape since 10.0
-    assert not planner.fits(second, (), 10.25)
-    assert planner.progress(first, 112, 10.28)  # the engine reached the step the second one fits at
-    assert planner.fits(second, (), 10.28)  # and it does, with no scrape since 10.0
+    assert not planner.progress(first, 2, 10.005)  # a chat stream's role event and one more prove nothing
+    assert planner.progress(first, 3, 10.0075)  # a token: it runs, its end is certain, look again
+    assert planner.scrape_wanted(10.0075, [(second, (), False)]) is not None
+    assert planner.wake_at == 1114  # 113 steps after the count that token proves
+    assert not planner.progress(first, 3, 10.008)  # nothing new
+    assert not planner.progress(first, 102, 10.255)
+    assert planner.steps.bounds(10.255).low == 1100  # 1,000 + 100 proved, with no scrape since 10.0
+    assert not planner.fits(second, (), 10.255)
+    assert not planner.progress(first, 115, 10.2875)
+    assert planner.progress(first, 116, 10.29)  # the engine reached the step the second one fits at
+    assert planner.fits(second, (), 10.29)  # and it does, with no scrape since 10.0
