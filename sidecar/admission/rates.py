@@ -67,7 +67,7 @@ class StepClock:
     max_rate: float = 0.0  # steps per second
     recent_rate: float = 0.0  # steps per second between the last two scrapes
     _recent: deque[tuple[float, float]] = field(default_factory=deque)  # (time, steps) over the pace window
-    floor: float | None = None  # a count the engine has certainly reached since the last scrape (at_least)
+    floor: float | None = None  # a count streams proved the engine reached (at_least); kept until a restart
 
     def observe(self, now: float, steps: float | None) -> None:
         """A scrape at ``now`` read ``steps``."""
@@ -89,10 +89,13 @@ class StepClock:
 
     def at_least(self, steps: float) -> bool:
         """The engine has certainly run to ``steps`` (a stream says so); whether the lower bound rose."""
-        if self._last is None or steps <= max(self._last[1], self.floor or 0.0):
+        if self._last is None or steps <= self._low(self._last[1]):
             return False
         self.floor = steps
         return True
+
+    def _low(self, scraped: float) -> float:
+        return scraped if self.floor is None else max(scraped, self.floor)
 
     def steps_within(self, seconds: float) -> float | None:
         """The most steps the engine runs in ``seconds`` (its top rate x the margin); ``None``: unknown."""
@@ -120,7 +123,7 @@ class StepClock:
         if self._last is None:
             return Steps(at=now)
         then, steps = self._last
-        low = steps if self.floor is None else max(steps, self.floor)
+        low = self._low(steps)
         if (top_rate := self.top_rate()) is None:
             return Steps(low=low, at=now)
         high = max(low, steps + max(0.0, now - then) * top_rate)
