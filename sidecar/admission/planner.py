@@ -295,8 +295,7 @@ class CapacityPlanner:
         A stream is a step clock (vLLM gives a running sequence at most one token a step): past its first
         events (a chat stream's role event carries no token), the engine has run that many steps since the
         count read before the admission, and the request started that many before the clock's upper bound.
-        Both feed the ledger between scrapes. Look when the first token shows a start (an end becomes
-        certain) and when the lower bound reaches where a waiting request was found to fit (:attr:`wake_at`).
+        Look when the first token makes an end certain and, once, when the lower bound reaches `wake_at`.
         """
         held = self.ledger.holdings.get(holding) if holding is not None else None
         if held is None or generated <= held.generated:
@@ -307,9 +306,10 @@ class CapacityPlanner:
             started = steps.high - proved + SHOWN_SLACK_STEPS
             held.started_high = started if known is None else min(known, started)
         floor = None if held.admitted_low is None or proved <= 0 else held.admitted_low + proved
-        if floor is not None and self.steps.at_least(floor) and self.wake_at is not None:
-            return floor >= self.wake_at or known is None
-        return known is None and held.started_high is not None
+        if floor is None or not self.steps.at_least(floor) or floor < (self.wake_at or math.inf):
+            return known is None and held.started_high is not None
+        self.wake_at = None  # once: the dispatch asks scrape_wanted again, which sets the next one
+        return True
 
     def release(
         self,

@@ -160,3 +160,4 @@ def test_a_stream_is_a_step_clock_between_scrapes() -> None:
     assert not planner.progress(first, 115, 10.2875)
     assert planner.progress(first, 116, 10.29)  # the engine reached the step the second one fits at
     assert planner.fits(second, (), 10.29)  # and it does, with no scrape since 10.0
+    assert not planner.progress(first, 117, 10.2925)  # once: the dispatch sets the next wake, not each token
