@@ -20,27 +20,27 @@ can hold what every in-flight request will hold over the new request's lifetime,
   (:mod:`sidecar.admission.outputs` decides the figure: the client's ``max_tokens`` or a learned
   quantile of real answer lengths). When a request runs past it, its expectation follows: it is
   then expected to need one more block than it has reached, up to its hard bound.
-* **Progress.** vLLM gives every running sequence at most one token per engine step, so the engine's
-  step counter (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
+* **Progress.** vLLM gives every running sequence at least one token per engine step and at most one
+  (``k + 1`` with ``k`` speculative tokens: :class:`PoolView`), so the engine's step counter
+  (``vllm:iteration_tokens_total``'s sample count) bounds a request's progress from
   both sides: from above by the steps since its admission's count (at least the last scrape's before it),
   the clock extrapolated at the engine's top rate, and by what that rate runs in the seconds since its
   admission (``Steps.most_since``: else a request admitted a calm second after a scrape looks ~500 tokens
   along at once, past a learned expectation of ~170, until a later scrape); from below by steps
   counted since a scrape that showed it running, less its prefill steps and :data:`SHOWN_SLACK_STEPS` (it
   ends no later than that says). The lower bound is the count a scrape read, or what a stream proved since
-  (one token a step: ``CapacityPlanner.progress``), never extrapolated: a step can take any time, so no rate
+  (``CapacityPlanner.progress``), never extrapolated: a step can take any time, so no rate
   bounds it from below. A stream's tokens are exact progress. Without a step clock: at its expected peak.
 * **The candidate's lifetime.** A new request of expected output ``e`` lives about ``e`` steps, plus
   the steps before it starts: a request that starts late ends late, while the others go on growing. With
   a sequence slot of its own it starts within :data:`TRANSIT_SECONDS` (at the engine's highest step rate);
   otherwise, or while that rate is unknown, ``block_size`` steps are allowed. Over that span the ledger
   evaluates the pool at every point where it could peak: just before each in-flight request is certain
-  to end, and at the end of the span.
-  Others grow by one token per step, never past their expected peak. Only a request whose
-  expectation *is* its hard bound (``max_tokens`` or the context left) is certain to end, after at
-  most ``bound - progress + prefill steps`` steps, and only once a scrape has shown it running: a
-  request waiting in vLLM's queue, or still on its way there, does not progress, and the steps it
-  spent waiting must not be counted as progress. Nobody else is assumed to release anything. So a
+  to end, and at the end of the span. Others grow by the most a step gives, never past their expected
+  peak. Only a request whose expectation *is* its hard bound (``max_tokens`` or the context left) is
+  certain to end, after at most ``bound - progress + prefill steps`` steps, and only once a scrape has
+  shown it running: a request waiting in vLLM's queue, or still on its way there, does not progress, and
+  the steps it spent waiting must not be counted as progress. Nobody else is assumed to release anything. So a
   short request fits beside long ones far from their peaks, and a long one may start once the one
   before it is far enough along to be gone before both would need their last blocks.
 * **Which holdings a scrape shows running.** vLLM's queue is first come, first served (checked in
@@ -140,8 +140,8 @@ class Demand:
         total = 0
         for index, prompt in enumerate(self.prompts):
             peak = self.sequence_peak(prompt, generated, pool.block_size)
-            reach = peak if math.isinf(horizon) else min(peak, prompt + generated + int(horizon))
-            total += self.choices * pool.sequence_blocks(reach) - self._hashed(index)
+            reach = min(peak, prompt + generated + horizon * pool.tokens_per_step)  # horizon in steps
+            total += self.choices * pool.running_blocks(int(reach), self.max_model_len) - self._hashed(index)
         return total
 
     @property
@@ -178,14 +178,14 @@ class Holding:
             peak = self._peak = (pool.block_size, pool.layout, self.demand.private_blocks(0, math.inf, pool))
         return peak[2]
 
-    def progress_high(self, steps: Steps) -> int | None:
-        """At most this many tokens generated (``None``: unknown)."""
+    def progress_high(self, steps: Steps, tokens_per_step: int = 1) -> int | None:
+        """At most this many tokens generated, at most ``tokens_per_step`` a step (``None``: unknown)."""
         if steps.high is None or self.admitted_low is None:
             return None
         high = steps.high - self.admitted_low
         if (timed := steps.most_since(self.admitted_at)) is not None:
             high = min(high, timed)
-        return max(self.generated, int(high))
+        return max(self.generated, int(high * tokens_per_step))
 
     def progress_low(self, step_low: float | None) -> int:
         """At least this many steps run since a scrape showed it running (streamed tokens when known)."""
@@ -251,7 +251,7 @@ class CapacityLedger:
         return holding
 
     def _private(self, holding: Holding, steps: Steps, horizon: float, pool: PoolView) -> int:
-        done = holding.progress_high(steps)
+        done = holding.progress_high(steps, pool.tokens_per_step)
         if done is None:
             done, horizon = holding.generated, math.inf
         if math.isinf(horizon) and done < holding.demand.expected_output:

@@ -342,10 +342,11 @@ class AdmissionController:
         if completed:
             self.stats[ticket.lane].record(now - ticket.admitted_at)
         taught = ticket.completion_tokens if ticket.teaches_output else None
-        self.planner.release(
+        if self.planner.release(
             ticket.holding, ticket.sequences, now, completed=completed, completion_tokens=taught,
-            key=(ticket.route, ticket.model),
-        )  # fmt: skip
+            key=(ticket.route, ticket.model), counted=ticket.counted,
+        ):  # fmt: skip
+            self.metrics.output_sample("stream" if ticket.counted else "usage")
         self.dispatch()
 
     def observe(

@@ -28,6 +28,14 @@ the layout is read as follows:
   in each (``ChunkedLocalAttentionSpec``, :func:`sidecar.budget.kv_groups.chunked_local_blocks`), and the
   engine's figure gives that cap (a model with both sliding and chunked groups must match the prediction).
 
+Speculative decoding changes two things (vLLM 0.32.0 as installed). A step verifies up to ``k`` draft tokens
+of each running sequence, so it may give it ``k + 1`` tokens (:attr:`PoolView.tokens_per_step`); and a
+running sequence holds slots past its tokens: the ``k`` drafts being verified plus the drafter's lookahead
+(``VllmConfig.num_lookahead_tokens``: ``k`` for EAGLE and draft models, ``k + 1`` for DFlash, none for n-gram;
+``Scheduler.schedule`` passes it to ``KVCacheManager.allocate_slots``, which allocates
+``min(computed + new + lookahead, max_model_len)`` slots). The page gives ``k`` but not the method, so
+:attr:`PoolView.slot_margin` takes the largest, ``2k + 1``: at most ``k + 1`` tokens more than n-gram holds.
+
 Prefix sharing is planned only for single-group layouts: a hybrid model's cache hit needs its
 sliding-window blocks too, which vLLM frees once they leave the window, so counting its full-attention
 prefix blocks once could plan fewer blocks than vLLM allocates.
@@ -140,6 +148,21 @@ class PoolView:
     prefix_caching: bool = True
     source: str = "engine"  # engine (cache_config_info) or prediction
     layout: GroupLayout = SINGLE_GROUP  # the engine's KV cache groups
+    speculative_tokens: int = 0  # draft tokens per step and sequence (0: no speculative decoding)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The most tokens one engine step gives a running sequence (see the module docstring)."""
+        return 1 + self.speculative_tokens
+
+    @property
+    def slot_margin(self) -> int:
+        """KV slots a running sequence may hold past its tokens: drafts and the drafter's lookahead."""
+        return 2 * self.speculative_tokens + 1 if self.speculative_tokens else 0
+
+    def running_blocks(self, tokens: int, max_model_len: int) -> int:
+        """Pool blocks a running sequence of ``tokens`` tokens holds, its :attr:`slot_margin` included."""
+        return self.sequence_blocks(min(tokens + self.slot_margin, max_model_len))
 
     @property
     def shares_prefixes(self) -> bool:

@@ -1,11 +1,10 @@
 """What the ``capacity`` policy knows about the engine's pool, gathered in one place.
 
-The controller owns the queues and the waiting; this object owns the knowledge behind each
-decision: the block ledger (:mod:`sidecar.admission.capacity`), the learned answer lengths
-(:mod:`sidecar.admission.outputs`), the engine's step clock and block release rate
-(:mod:`sidecar.admission.rates`) and the engine's sequence limit. No I/O and no clock of its own:
-every method takes ``now``; the pool and ``max_model_len`` come from callables the application
-wires to what vLLM reports (``cache_config_info``, ``/v1/models``) or, before that, to the prediction.
+The controller owns the queues and the waiting; this object owns what each decision knows: the block
+ledger (:mod:`sidecar.admission.capacity`), the learned answer lengths (:mod:`sidecar.admission.outputs`),
+the engine's step clock and block release rate (:mod:`sidecar.admission.rates`) and its sequence limit. No
+I/O and no clock of its own: every method takes ``now``; the pool and ``max_model_len`` come from callables
+the application wires to what vLLM reports (``cache_config_info``, ``/v1/models``), or to the prediction.
 """
 
 from __future__ import annotations
@@ -47,13 +46,9 @@ long-prompt spike ran 1.17x straight's time through fresh sidecars against 1.03x
 SHORT_HEADROOM_SECONDS = 1.0
 """A long request leaves room for one short request when shorts were seen this recently."""
 SHORT_WAIT_STEPS = 128
-"""...except in the last this many engine steps before an in-flight request is certain to end.
-
-Long requests whose ends are known fill the pool only near those ends (everyone grows until someone
-leaves), so a short request that arrives then waits at most this many steps; leaving the room free for
-their whole lives instead kept a second long request out until the first was 230 steps further along, and
-the long-prompt spike ran 1.3-1.6x straight's time (it needs 104 steps between two 600 + 400 requests).
-"""
+"""...except in the last this many engine steps before an in-flight request is certain to end: a short
+request arriving then waits at most this long. Room kept for long requests' whole lives kept a second one
+out until the first was 230 steps along (the long-prompt spike: 1.3-1.6x straight's time)."""
 
 
 class CapacityPlanner:
@@ -151,14 +146,12 @@ class CapacityPlanner:
     ) -> bool:
         """Whether ``candidate`` may start ahead of ``head`` (waiting for blocks) without starting it later.
 
-        Backfilling as batch schedulers do it (EASY backfilling): the head fits ``k`` engine steps from now
-        by the ledger (:meth:`CapacityLedger.steps_until_fit`); the candidate may go first when it is done
-        within ``k`` steps (its expectation is its bound, and its prefill, answer and :data:`ENTRY_STEPS` take
-        no more), or when the head still fits ``k`` steps from now with the candidate held as well, planned as
-        if it never ended. Without a known ``k`` nothing goes ahead. The caller checks that the candidate fits
-        now and leaves the head a sequence slot, so it starts at once. This decides an order, never safety:
-        the head is admitted later by :meth:`fits` on what the ledger then holds, so a candidate slower than
-        planned can delay it, never overcommit the pool.
+        EASY backfilling, as batch schedulers do it: the head fits ``k`` engine steps from now by the ledger
+        (:meth:`CapacityLedger.steps_until_fit`); the candidate may go first when it is done within ``k``
+        steps (its expectation is its bound; prefill, answer and :data:`ENTRY_STEPS` take no more), or when
+        the head still fits ``k`` steps from now with the candidate held too, as if it never ended. Without a
+        ``k`` nothing goes ahead. The caller checks that the candidate fits now and leaves the head a slot.
+        An order, never safety: the head is admitted later by :meth:`fits` on what the ledger then holds.
         """
         pool, waiting, extra = self.pool(), self.demand(head[0], head[1]), self.demand(*candidate)
         steps = self.steps.bounds(now)
@@ -201,12 +194,10 @@ class CapacityPlanner:
         scrape is wanted :data:`ENTRY_SECONDS` after each admission of a request certain to end that no
         scrape has shown yet (for :data:`~sidecar.admission.capacity.TRANSIT_SECONDS`), and when the
         engine, at its recent pace (:meth:`StepClock.pace`), will have run the steps after which a head fits
-        (:meth:`CapacityLedger.steps_until_fit`). Between scrapes at the interval each waited half an
-        interval on average: on the long-prompt spike ~70 engine steps per long request, 1.2x straight's
-        time all told. Heads waiting for a sequence slot ask for nothing: a page costs vLLM's API process
-        ~10 ms, and asked after every admission under sustained overload they slowed the engine itself.
-        While the engine's step rate is unknown (no two scrapes have seen it step), a head waiting for blocks
-        asks every :data:`CLOCK_SECONDS`.
+        (:meth:`CapacityLedger.steps_until_fit`); at the interval each waited half one on average (the
+        long-prompt spike: 1.2x straight's time). Heads waiting for a sequence slot ask for nothing: asked
+        after every admission under sustained overload, pages slowed the engine itself. While the step rate
+        is unknown (no two scrapes saw it step), a head waiting for blocks asks every :data:`CLOCK_SECONDS`.
         """
         pool, rate, steps = self.pool(), self.steps.pace(), self.steps.bounds(now)
         if pool is None:
@@ -290,11 +281,12 @@ class CapacityPlanner:
         return None if demand is None else self.ledger.add(demand, self.steps.bounds(now), now)
 
     def progress(self, holding: int | None, generated: int, now: float) -> bool:
-        """A streamed answer has reached ``generated`` tokens per sequence; whether to look at the queue now.
+        """A streamed answer has reached ``generated`` events per sequence; whether to look at the queue now.
 
-        A stream is a step clock (vLLM gives a running sequence at most one token a step): past its first
-        events (a chat stream's role event carries no token), the engine has run that many steps since the
-        count read before the admission, and the request started that many before the clock's upper bound.
+        A stream is a step clock: an event is a step's tokens, speculative ones included, or several steps'
+        (merged when the reader lags: ``RequestOutputCollector.put``). Past its first events (a chat stream's
+        role event carries no token), the engine has run that many steps since the count read before the
+        admission, and the request started that many before the clock's upper bound.
         Look when the first token makes an end certain and, once, when the lower bound reaches `wake_at`.
         """
         held = self.ledger.holdings.get(holding) if holding is not None else None
@@ -320,15 +312,23 @@ class CapacityPlanner:
         completed: bool,
         completion_tokens: int | None,
         key: tuple[str, str],
-    ) -> None:
-        """A request ended: its sequences and blocks freed; its answer length learned, its release rated."""
+        counted: bool = False,
+    ) -> bool:
+        """A request ended: its sequences and blocks freed, its release rated; whether its length was learned.
+
+        ``counted``: the length is a stream's events, not ``usage``. With speculative decoding an event holds
+        a step's tokens, one to ``k + 1`` by how many drafts were accepted, so it teaches nothing (learned at
+        ``k + 1`` tokens an event, the generous shape's p95 went from 0.8x straight's to 1.7x).
+        """
         self.inflight_sequences -= sequences
-        held = self.ledger.remove(holding, now) if holding is not None else None
-        if completion_tokens is not None and completed:
-            self.outputs.record(key[0], key[1], math.ceil(completion_tokens / max(1, sequences)))
-        pool = self.pool()
+        held, pool = self.ledger.remove(holding, now) if holding is not None else None, self.pool()
+        speculates = pool is not None and pool.speculative_tokens > 0
+        learned = completion_tokens is not None and completed and not (counted and speculates)
+        if learned:
+            self.outputs.record(key[0], key[1], math.ceil((completion_tokens or 0) / max(1, sequences)))
         if held is not None and pool is not None and completed:  # the blocks it had planned for
             self.releases.record(now, self.ledger.added_blocks(held.demand, pool))
+        return learned
 
     # -- scrapes -----------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@
   *upper* bound runs on at the highest step rate seen since the engine started (x 1.1), so it never
   lags what the engine has done (lagging would make in-flight requests look younger, and smaller,
   than they are); the *lower* bound is the count the last scrape read, or the count a streamed answer
-  has proved since (:meth:`StepClock.at_least`: vLLM gives a running sequence at most one token a step,
-  so a stream's tokens since the count read before its admission are steps the engine ran), never
+  has proved since (:meth:`StepClock.at_least`: vLLM sends a stream at most one event a step, so a
+  stream's events since the count read before its admission are steps the engine ran), never
   extrapolated: a step can take any time (a long prefill, a host busy with other work; measured here, a
   250 ms window's rate was no bound for the next), so a request is never taken to be further along
   (closer to its end) than it is. A counter that goes down is an engine restart: the clock starts over,

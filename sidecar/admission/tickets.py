@@ -40,6 +40,7 @@ class Ticket:
     model: str = ""
     stream: bool = False
     completion_tokens: int | None = None  # the answer's length, when the proxy could read it
+    counted: bool = False  # completion_tokens counts a stream's events (no usage): one may hold more tokens
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
 
 

@@ -3,7 +3,8 @@
 The engine's ``cache_config_info`` gives the pool (``num_gpu_blocks`` per data-parallel engine, one block
 kept null by vLLM) and its blocks per full-length request; the prediction's ``config.json`` gives the
 layer kinds that split those blocks into KV cache groups (:mod:`sidecar.admission.geometry`). Before the
-engine reports a pool, the prediction's is used (vLLM's memory arithmetic, so only for vLLM).
+engine reports a pool, the prediction's is used (vLLM's memory arithmetic, so only for vLLM). The page's
+speculative tokens (:data:`sidecar.signals.vllm.SPEC_POSITIONS`) say how fast sequences may grow.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def admission_pool(monitor: Monitor) -> PoolAnswer:
                 prefix_caching=config.enable_prefix_caching is not False,
                 source="engine",
                 layout=layout.layout,
+                speculative_tokens=snapshot.speculative_tokens,
             )
         )
     if snapshot is not None and snapshot.kind is not EngineKind.VLLM:

@@ -293,8 +293,6 @@ class Proxy:
             answer = AnswerLength(ticket)
             answer.feed(data)
             ticket.completion_tokens = answer.completion_tokens()
-            if ticket.completion_tokens is not None:
-                self.controller.metrics.output_sample("usage")
         headers = response_headers(upstream.headers, whole=True)  # web.Response sets the length from the body
         self.metrics.duration_of(lane).observe(time.perf_counter() - started)
         return web.Response(status=upstream.status, reason=upstream.reason, body=data, headers=headers)
@@ -387,9 +385,7 @@ class Proxy:
             complete = True
             if answer is not None:
                 answer.ticket.completion_tokens = answer.completion_tokens()
-                source = "usage" if answer.usage_seen else "stream"
-                if answer.ticket.completion_tokens is not None:
-                    self.controller.metrics.output_sample(source)
+                answer.ticket.counted = not answer.usage_seen
             return response
         finally:
             if complete:

@@ -95,8 +95,11 @@ _TAIL_BYTES = 4096
 class AnswerLength:
     """How long an answer is: its ``usage.completion_tokens``, else its streamed events counted.
 
-    vLLM streams one ``data:`` event per generated token and choice (``stream_interval`` 1), closed
-    by ``data: [DONE]``; a JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
+    vLLM streams one ``data:`` event per engine step and choice (``stream_interval`` 1), closed by
+    ``data: [DONE]``: a token each, or up to ``k + 1`` with ``k`` speculative tokens, and several steps'
+    tokens when its reader lags (``RequestOutputCollector.put``; not seen here with 8 streams on 2 cores).
+    So counted events may be fewer than the tokens: the planner learns them at the most a step gives. A
+    JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
     """
 
     def __init__(self, ticket: Ticket) -> None:

@@ -33,12 +33,18 @@ PREEMPTIONS: Final = "vllm:num_preemptions_total"
 PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
 ITERATIONS: Final = "vllm:iteration_tokens_total_count"
-"""Engine steps (the tokens-per-step histogram's count): a step gives a sequence at most one token."""
+"""Engine steps (the tokens-per-step histogram's count): a step gives a sequence at most one token, or one
+more than the speculative tokens (:data:`SPEC_POSITIONS`) with speculative decoding."""
 PREFIX_QUERIES: Final = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS: Final = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 CACHE_CONFIG: Final = "vllm:cache_config_info"
 GENERATION_LENGTHS: Final = "vllm:request_generation_tokens_bucket"
 """The engine's histogram of finished requests' output lengths (all routes, since it started)."""
+SPEC_POSITIONS: Final = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+"""Accepted draft tokens per draft position: one series per position (``position`` 0 to k - 1), created at
+start-up when speculative decoding is configured (vLLM 0.32.0 as installed, ``SpecDecodingProm`` in
+``vllm/v1/spec_decode/metrics.py``): its positions say ``num_speculative_tokens``, which nothing else
+on the page says."""
 
 WANTED: Final = (
     KV_USAGE,
@@ -55,6 +61,7 @@ WANTED: Final = (
     *PREFIX_HITS,
     CACHE_CONFIG,
     GENERATION_LENGTHS,
+    SPEC_POSITIONS,
 )
 """Every family the sidecar reads from a vLLM page."""
 
@@ -207,6 +214,7 @@ class EngineSnapshot:
     cache_config: CacheConfig | None
     kv_usage_metric: str | None  # which name the KV usage came from; None when the page had neither
     kind: EngineKind = EngineKind.VLLM  # whose page it was
+    speculative_tokens: int = 0  # draft tokens per step and sequence (:data:`SPEC_POSITIONS`); 0: none
 
     @property
     def kv_usage(self) -> float | None:
@@ -267,6 +275,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
     cache_config: CacheConfig | None = None
     usage_new: dict[str, float] = {}
     usage_old: dict[str, float] = {}
+    positions: set[int] = set()
     for sample in samples:
         engine = sample.label("engine", "0")
         model_name = model_name or sample.label("model_name") or None
@@ -274,10 +283,8 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
         if sample.name == CACHE_CONFIG:
             if cache_config is None:
                 cache_config = CacheConfig.from_labels(dict(sample.labels))
-        elif sample.name == KV_USAGE:
-            usage_new[engine] = sample.value
-        elif sample.name == KV_USAGE_OLD:
-            usage_old[engine] = sample.value
+        elif sample.name in {KV_USAGE, KV_USAGE_OLD}:
+            (usage_new if sample.name == KV_USAGE else usage_old)[engine] = sample.value
         elif sample.name == GENERATION_LENGTHS:
             lengths = values["generation_lengths"]
             assert isinstance(lengths, dict)  # noqa: S101 - set just above
@@ -285,6 +292,8 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
                 bound = float(sample.label("le", "nan"))
                 if not math.isnan(bound):
                     lengths[bound] = lengths.get(bound, 0.0) + sample.value  # one series per model name
+        elif sample.name == SPEC_POSITIONS:
+            positions.add(label_int(sample.label("position")) or 0)
         elif sample.name == WAITING_BY_REASON:
             reasons = values["waiting_by_reason"]
             assert isinstance(reasons, dict)  # noqa: S101 - set just above
@@ -299,7 +308,11 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
     engines = {name: EngineValues(**vals) for name, vals in sorted(per_engine.items())}  # type: ignore[arg-type]
     metric = KV_USAGE if usage_new else (KV_USAGE_OLD if usage_old else None)
     return EngineSnapshot(
-        engines=engines, model_name=model_name, cache_config=cache_config, kv_usage_metric=metric
+        engines=engines,
+        model_name=model_name,
+        cache_config=cache_config,
+        kv_usage_metric=metric,
+        speculative_tokens=max(positions) + 1 if positions else 0,
     )
 
 
