@@ -48,6 +48,7 @@ def layout_document(pool: PoolView | None) -> dict[str, int] | None:
         "full_attention_groups": layout.full,
         "sliding_window_groups": layout.sliding,
         "sliding_window_cap_blocks": layout.window_cap,
+        "speculative_tokens": pool.speculative_tokens,  # drafts a step: sequences grow up to one more a step
     }
 
 

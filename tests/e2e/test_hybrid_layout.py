@@ -109,7 +109,12 @@ async def test_through_the_sidecar_the_growing_requests_do_not_preempt(
     print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
     assert direct.summary()["lost"] == proxied.summary()["lost"] == 0
     assert proxied.preemptions == 0
-    assert layout == {"full_attention_groups": 1, "sliding_window_groups": 1, "sliding_window_cap_blocks": 4}
+    assert layout == {
+        "full_attention_groups": 1,
+        "sliding_window_groups": 1,
+        "sliding_window_cap_blocks": 4,
+        "speculative_tokens": 0,
+    }
 
 
 async def test_without_the_models_layers_capacity_falls_back_and_says_why(hybrid_server: VllmServer) -> None:

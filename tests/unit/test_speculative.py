@@ -26,6 +26,7 @@ from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.pool import admission_pool
+from sidecar.server.admin import layout_document
 from sidecar.server.metrics import AdmissionMetrics
 from sidecar.signals import parse_vllm_metrics
 from sidecar.signals.vllm import LIGHT, light_query, merge_light
@@ -159,3 +160,12 @@ async def test_the_sample_metric_counts_what_was_learned(
     name = "kv_sidecar_output_length_samples_total"
     assert registry.get_sample_value(name, {"source": "stream"}) == stream
     assert registry.get_sample_value(name, {"source": "usage"}) == usage
+
+
+def test_status_shows_the_speculative_tokens_admission_plans_with() -> None:
+    assert layout_document(pool(3)) == {
+        "full_attention_groups": 1,
+        "sliding_window_groups": 0,
+        "sliding_window_cap_blocks": 0,
+        "speculative_tokens": 3,
+    }

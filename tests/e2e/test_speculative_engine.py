@@ -1,0 +1,111 @@
+"""Speculative decoding on the real vLLM server: n-gram drafting of 3 tokens, the tiny model.
+
+What the sidecar encodes (``sidecar/admission/geometry.py``), checked against the engine: the page names
+``k`` by the positions of its per-position acceptance counter; a step gives a running sequence up to
+``k + 1`` tokens (the suite's greedy answers of random weights repeat, so n-gram drafts are mostly
+accepted); a stream sends one event per step, so its events are steps, not tokens; and through the sidecar,
+which lets sequences grow ``k + 1`` tokens a step, a spike of growing requests does not preempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sidecar.signals import parse_vllm_metrics
+from tests.e2e.test_hybrid_layout import _start, _status
+from tests.harness.spike import SpikeConfig, run_spike, wait_idle
+from tests.harness.vllm import VllmServer
+
+pytestmark = pytest.mark.e2e
+
+DRAFTS = 3
+SPECULATIVE = json.dumps(
+    {"method": "ngram", "num_speculative_tokens": DRAFTS, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+)
+GROWING = SpikeConfig(
+    seed=5, long_requests=6, short_requests=4, long_prompt=300, long_output=600, spread_seconds=0.1
+)
+
+
+@pytest.fixture(scope="module")
+def drafting_server(
+    vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    """The e2e engine's settings (16 blocks of 128, max_model_len 1024, 4 sequences) with n-gram drafting."""
+    server = VllmServer(
+        vllm_env,
+        tiny_model,
+        log_path=tmp_path_factory.mktemp("logs") / "vllm-ngram.log",
+        extra_args=("--speculative-config", SPECULATIVE),
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+async def _steps(session: aiohttp.ClientSession, url: str) -> float:
+    async with session.get(url + "/metrics") as response:
+        snapshot = parse_vllm_metrics(await response.text())
+    assert snapshot.speculative_tokens == DRAFTS
+    assert snapshot.iterations_total is not None
+    return snapshot.iterations_total
+
+
+async def test_a_step_gives_a_sequence_up_to_k_plus_one_tokens_and_one_stream_event(
+    drafting_server: VllmServer,
+) -> None:
+    await wait_idle(drafting_server.url)
+    body = {
+        "model": "tiny",
+        "prompt": [5, 6, 7] * 10,
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with aiohttp.ClientSession() as session:
+        before = await _steps(session, drafting_server.url)
+        events, tokens = 0, None
+        async with session.post(drafting_server.url + "/v1/completions", json=body) as response:
+            async for line in response.content:
+                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices"):
+                    events += 1
+        steps = await _steps(session, drafting_server.url) - before
+    assert tokens == 300
+    print(f"\n300 tokens in {steps:.0f} steps and {events} events")
+    assert steps <= events + 2  # one event a step (the prefill's step included)
+    assert 300 / (DRAFTS + 1) <= steps < 300 / 1.5  # more than one token a step, never more than k + 1
+
+
+async def test_through_the_sidecar_growing_requests_do_not_preempt(
+    drafting_server: VllmServer, tiny_model: Path
+) -> None:
+    await wait_idle(drafting_server.url)
+    direct = await run_spike(drafting_server.url, drafting_server.url, GROWING, "direct")
+    assert direct.preemptions >= 1, "straight did not preempt: the test no longer tests anything"
+    await wait_idle(drafting_server.url)
+    app = await _start(drafting_server.url, tiny_model)
+    try:
+        layout = (await _status(app))["kv_layout"]
+        proxied = await run_spike(
+            f"http://127.0.0.1:{app.proxy_port}", drafting_server.url, GROWING, "sidecar"
+        )
+    finally:
+        await app.drain()
+        await app.stop()
+    print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
+    assert isinstance(layout, dict)
+    assert layout["speculative_tokens"] == DRAFTS
+    assert proxied.summary()["lost"] == 0
+    assert proxied.preemptions == 0
