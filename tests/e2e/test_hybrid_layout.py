@@ -7,7 +7,6 @@ as the sidecar did before, let two 830-token requests run together in 15 blocks 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,12 +15,11 @@ import pytest
 
 from sidecar.admission.decide import AdmissionMode
 from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
-from sidecar.app import SidecarApp
 from sidecar.budget import load_architecture
 from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
 from sidecar.signals import parse_vllm_metrics
-from tests.e2e.test_real_vllm import start
-from tests.harness.spike import SpikeConfig, run_spike, wait_idle
+from tests.e2e.spikes import admission_status, start_beside, straight_then_through
+from tests.harness.spike import SpikeConfig
 from tests.harness.vllm import VllmServer, make_tiny_model
 
 pytestmark = pytest.mark.e2e
@@ -54,24 +52,6 @@ def hybrid_server(
     server.stop()
 
 
-async def _start(engine: str, model: Path | None) -> SidecarApp:
-    app = await start(engine, model)
-    for _ in range(100):  # the first scrape and /v1/models
-        if app.monitor.engine.snapshot is not None and app.monitor.request_max_model_len() is not None:
-            break
-        await asyncio.sleep(0.1)
-    return app
-
-
-async def _status(app: SidecarApp) -> dict[str, object]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"http://127.0.0.1:{app.admin_port}/status") as response,
-    ):
-        document = await response.json()
-    return dict(document["admission"])
-
-
 async def test_the_models_layers_predict_the_blocks_the_engine_counts_per_request(
     hybrid_server: VllmServer, hybrid_model: Path
 ) -> None:
@@ -95,19 +75,7 @@ async def test_the_models_layers_predict_the_blocks_the_engine_counts_per_reques
 async def test_through_the_sidecar_the_growing_requests_do_not_preempt(
     hybrid_server: VllmServer, hybrid_model: Path
 ) -> None:
-    await wait_idle(hybrid_server.url)
-    direct = await run_spike(hybrid_server.url, hybrid_server.url, GROWING, "direct")
-    assert direct.preemptions >= 1, "straight did not preempt: the test no longer tests anything"
-    await wait_idle(hybrid_server.url)
-    app = await _start(hybrid_server.url, hybrid_model)
-    try:
-        layout = (await _status(app))["kv_layout"]
-        proxied = await run_spike(f"http://127.0.0.1:{app.proxy_port}", hybrid_server.url, GROWING, "sidecar")
-    finally:
-        await app.drain()
-        await app.stop()
-    print("\ndirect:", direct.summary(), "\nsidecar:", proxied.summary())
-    assert direct.summary()["lost"] == proxied.summary()["lost"] == 0
+    _, proxied, layout = await straight_then_through(hybrid_server.url, hybrid_model, GROWING)
     assert proxied.preemptions == 0
     assert layout == {
         "full_attention_groups": 1,
@@ -118,10 +86,10 @@ async def test_through_the_sidecar_the_growing_requests_do_not_preempt(
 
 
 async def test_without_the_models_layers_capacity_falls_back_and_says_why(hybrid_server: VllmServer) -> None:
-    app = await _start(hybrid_server.url, None)
+    app = await start_beside(hybrid_server.url, None)
     try:
         assert app.controller.policy() is AdmissionMode.LANES
-        policy = (await _status(app))["policy"]
+        policy = (await admission_status(app))["policy"]
         assert isinstance(policy, dict)
         assert "the engine plans 12 blocks for a 1024-token request, not 8" in str(policy["fallback"])
     finally:
