@@ -98,8 +98,8 @@ class AnswerLength:
     vLLM streams one ``data:`` event per engine step and choice (``stream_interval`` 1), closed by
     ``data: [DONE]``: a token each, or up to ``k + 1`` with ``k`` speculative tokens, and several steps'
     tokens when its reader lags (``RequestOutputCollector.put``; not seen here with 8 streams on 2 cores).
-    So counted events may be fewer than the tokens: the planner learns them at the most a step gives. A
-    JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
+    So counted events may be fewer than the tokens: where the engine speculates, the planner learns nothing
+    from them. A JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
     """
 
     def __init__(self, ticket: Ticket) -> None:
