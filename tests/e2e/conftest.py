@@ -34,10 +34,14 @@ def vllm_server(
 
 
 def serve(
-    python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory, log: str
+    python: Path,
+    model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    log: str,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[VllmServer]:
-    """A started vLLM server (the fixtures' shape), stopped when the generator is closed."""
-    server = VllmServer(python, model, log_path=tmp_path_factory.mktemp("logs") / log)
+    """A started vLLM server (the fixtures' shape, more ``vllm serve`` flags), stopped when the generator closes."""
+    server = VllmServer(python, model, log_path=tmp_path_factory.mktemp("logs") / log, extra_args=extra_args)
     server.start()
     yield server
     server.stop()

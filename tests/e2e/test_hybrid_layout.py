@@ -18,6 +18,7 @@ from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
 from sidecar.budget import load_architecture
 from sidecar.budget.kv_groups import kv_groups, sliding_window_blocks
 from sidecar.signals import parse_vllm_metrics
+from tests.e2e.conftest import serve
 from tests.e2e.spikes import admission_status, start_beside, straight_then_through
 from tests.harness.spike import SpikeConfig
 from tests.harness.vllm import VllmServer, make_tiny_model
@@ -41,15 +42,13 @@ def hybrid_server(
     vllm_env: Path, hybrid_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     """vLLM with 16 blocks of 128 tokens, max_model_len 1024, 256 tokens per batch."""
-    server = VllmServer(
+    yield from serve(
         vllm_env,
         hybrid_model,
-        log_path=tmp_path_factory.mktemp("logs") / "vllm-hybrid.log",
-        extra_args=("--max-num-batched-tokens", str(BATCHED_TOKENS)),
+        tmp_path_factory,
+        "vllm-hybrid.log",
+        ("--max-num-batched-tokens", str(BATCHED_TOKENS)),
     )
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_the_models_layers_predict_the_blocks_the_engine_counts_per_request(

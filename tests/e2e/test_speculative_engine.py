@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from sidecar.signals import parse_vllm_metrics
+from tests.e2e.conftest import serve
 from tests.e2e.spikes import straight_then_through
 from tests.harness.spike import SpikeConfig, wait_idle
 from tests.harness.vllm import VllmServer
@@ -38,15 +39,9 @@ def drafting_server(
     vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
     """The e2e engine's settings (16 blocks of 128, max_model_len 1024, 4 sequences) with n-gram drafting."""
-    server = VllmServer(
-        vllm_env,
-        tiny_model,
-        log_path=tmp_path_factory.mktemp("logs") / "vllm-ngram.log",
-        extra_args=("--speculative-config", SPECULATIVE),
+    yield from serve(
+        vllm_env, tiny_model, tmp_path_factory, "vllm-ngram.log", ("--speculative-config", SPECULATIVE)
     )
-    server.start()
-    yield server
-    server.stop()
 
 
 async def _steps(session: aiohttp.ClientSession, url: str) -> float:
