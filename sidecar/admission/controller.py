@@ -327,7 +327,7 @@ class AdmissionController:
             self._scrape_soon(delay)
 
     def progress(self, ticket: Ticket, generated: int) -> None:
-        """A streamed answer has reached ``generated`` tokens per sequence: dispatch if the planner asks."""
+        """A streamed answer has reached ``generated`` events per sequence: dispatch if the planner asks."""
         if self.planner.progress(ticket.holding, generated, self.now()):
             self.dispatch()
 

@@ -323,12 +323,12 @@ class CapacityPlanner:
         self.inflight_sequences -= sequences
         held, pool = self.ledger.remove(holding, now) if holding is not None else None, self.pool()
         speculates = pool is not None and pool.speculative_tokens > 0
-        learned = completion_tokens is not None and completed and not (counted and speculates)
-        if learned:
-            self.outputs.record(key[0], key[1], math.ceil((completion_tokens or 0) / max(1, sequences)))
+        taught = completion_tokens if completed and not (counted and speculates) else None
+        if taught is not None:
+            self.outputs.record(key[0], key[1], math.ceil(taught / max(1, sequences)))
         if held is not None and pool is not None and completed:  # the blocks it had planned for
             self.releases.record(now, self.ledger.added_blocks(held.demand, pool))
-        return learned
+        return taught is not None
 
     # -- scrapes -----------------------------------------------------------------------------------
 

@@ -110,7 +110,7 @@ class AnswerLength:
         self.usage_seen = False
 
     def feed(self, chunk: bytes) -> int | None:
-        """Take one chunk; for a stream, the tokens per sequence so far."""
+        """Take one chunk; for a stream, the events per sequence so far."""
         self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
         if not self.stream:
             return None
