@@ -252,7 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ),
         nvml=args.nvml != "off",
         staleness=Staleness(after=args.stale_after, policy=args.stale_policy),
-        outputs=OutputSettings(quantile=args.output_quantile),
+        outputs=OutputSettings(quantile=args.output_quantile, stream_interval=args.stream_interval),
         drain_timeout=args.drain_timeout,
         admission=AdmissionConfig(
             long_prompt_tokens=args.long_prompt_tokens,

@@ -30,6 +30,7 @@ from sidecar.units import (
     parse_ratio,
     parse_size,
     parse_upstream,
+    positive_duration,
 )
 
 MIN_SCRAPE_INTERVAL = 0.05
@@ -125,14 +126,6 @@ def scrape_interval(text: str) -> float:
     value = parse_duration(text)
     if value < MIN_SCRAPE_INTERVAL:
         raise UsageError(f"invalid scrape interval {text!r}: the minimum is 50ms")
-    return value
-
-
-def positive_duration(text: str) -> float:
-    """A duration greater than zero."""
-    value = parse_duration(text)
-    if value <= 0:
-        raise UsageError(f"invalid duration {text!r}: it must be greater than zero")
     return value
 
 
@@ -350,6 +343,13 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         type=parse_ratio,
         default=default_of(OutputSettings, "quantile"),
         help="capacity: expected output = this quantile of observed answer lengths per route and model "
+        "(default %(default)s)",
+    )
+    add(
+        "--stream-interval",
+        type=parse_positive_int,
+        default=default_of(OutputSettings, "stream_interval"),
+        help="vLLM --stream-interval: above 1, a stream without usage teaches no answer length "
         "(default %(default)s)",
     )
     add(

@@ -108,6 +108,14 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[unit]
 
 
+def positive_duration(text: str) -> float:
+    """A duration greater than zero."""
+    value = parse_duration(text)
+    if value <= 0:
+        raise UsageError(f"invalid duration {text!r}: it must be greater than zero")
+    return value
+
+
 def parse_ratio(text: str) -> float:
     """Parse a fraction in (0, 1], such as ``0.85``."""
     try:

@@ -106,6 +106,7 @@ class RequestFacts:
     route: str = ""
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known
     truncate_prompt_tokens: int | None = None  # vLLM truncates the prompt to this many (-1: max_model_len)
+    stream_interval: int = 1  # vLLM's per-request ``stream_interval`` (chat, completions): tokens per event
 
     @property
     def prompt_tokens(self) -> int:
@@ -274,6 +275,7 @@ def request_facts(
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
     body_priority = _optional_int(body, "priority")
     truncate = _optional_int(body, "truncate_prompt_tokens")
+    interval = None if path.endswith("/responses") else _optional_int(body, "stream_interval")
     if truncate is not None and truncate > 0:
         counts = [min(count, truncate) for count in counts]
         if ids is not None:
@@ -294,4 +296,5 @@ def request_facts(
         route=path,
         prompt_ids=None if ids is None else tuple(ids),
         truncate_prompt_tokens=truncate,
+        stream_interval=max(1, interval or 1),
     )

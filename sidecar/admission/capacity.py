@@ -168,7 +168,7 @@ class Holding:
     admitted_low: float | None  # the step count at admission, from below (see "Progress")
     admitted_at: float = 0.0  # the sidecar's clock at admission
     started_high: float | None = None  # the step count at the first scrape that showed it running
-    generated: int = 0  # tokens seen streaming back (per sequence), exact
+    generated: int = 0  # events seen streaming back (per sequence): at most its tokens
     _peak: tuple[int, GroupLayout, int] | None = field(default=None, init=False, repr=False)
 
     def peak_blocks(self, pool: PoolView) -> int:

@@ -197,6 +197,7 @@ class AdmissionController:
             model=facts.model,
             stream=facts.stream,
             teaches_output=not facts.ignore_eos,
+            stream_interval=facts.stream_interval,
         )
 
     def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
@@ -344,7 +345,7 @@ class AdmissionController:
         taught = ticket.completion_tokens if ticket.teaches_output else None
         if self.planner.release(
             ticket.holding, ticket.sequences, now, completed=completed, completion_tokens=taught,
-            key=(ticket.route, ticket.model), counted=ticket.counted,
+            key=(ticket.route, ticket.model), counted=ticket.counted, stream_interval=ticket.stream_interval,
         ):  # fmt: skip
             self.metrics.output_sample("stream" if ticket.counted else "usage")
         self.dispatch()

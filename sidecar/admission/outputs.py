@@ -8,12 +8,13 @@ without ``max_tokens`` may run to the context length (``vllm/entrypoints/utils.p
 full serialises chat traffic that never comes near it. So the sidecar learns:
 
 * every completed answer's length (``usage.completion_tokens`` of a JSON answer, or the streamed
-  chunks counted) is one sample for its key, the route and model it was asked of, unless the client
-  fixed it: with ``ignore_eos`` vLLM drops the model's end-of-sequence ids from the stop checks
-  (``SamplingParams.update_from_generation_config``; ``check_stop`` in ``v1/core/sched/utils.py``,
-  0.32.0), so the answer runs to ``max_tokens`` or the client's own stops and says nothing of where
-  the model stops; a window of such benchmark-style answers would otherwise set the bound for every
-  request that may stop early;
+  chunks counted, where a chunk is a token: not with speculative decoding or a ``stream_interval``
+  above one, ``CapacityPlanner.release``) is one sample for its key, the route and model it was asked
+  of, unless the client fixed it: with ``ignore_eos`` vLLM drops the model's end-of-sequence ids from
+  the stop checks (``SamplingParams.update_from_generation_config``; ``check_stop`` in
+  ``v1/core/sched/utils.py``, 0.32.0), so the answer runs to ``max_tokens`` or the client's own stops
+  and says nothing of where the model stops; a window of such benchmark-style answers would otherwise
+  set the bound for every request that may stop early;
 * the key's *bound* is a high quantile (``--output-quantile``, default 0.95) of the last
   ``window`` samples once there are ``trusted_samples`` of them (20: enough for a nearest-rank p95
   to stop being the maximum); before that, from the first answer on, it is the largest answer seen
@@ -49,8 +50,11 @@ class OutputSettings:
     trusted_samples: int = 20
     window: int = 256
     small_sample_margin: float = 1.25
+    stream_interval: int = 1  # the engine's --stream-interval: tokens a streamed event holds (at most)
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError("the stream interval must be at least 1")
         if not 0.5 <= self.quantile <= 1.0:
             raise ValueError("the output quantile must be within [0.5, 1]")
         if not 1 <= self.min_samples <= self.trusted_samples <= self.window:

@@ -304,26 +304,22 @@ class CapacityPlanner:
         return True
 
     def release(
-        self,
-        holding: int | None,
-        sequences: int,
-        now: float,
-        *,
-        completed: bool,
-        completion_tokens: int | None,
-        key: tuple[str, str],
-        counted: bool = False,
-    ) -> bool:
+        self, holding: int | None, sequences: int, now: float, *, completed: bool,
+        completion_tokens: int | None, key: tuple[str, str], counted: bool = False, stream_interval: int = 1,
+    ) -> bool:  # fmt: skip
         """A request ended: its sequences and blocks freed, its release rated; whether its length was learned.
 
-        ``counted``: the length is a stream's events, not ``usage``. With speculative decoding an event holds
-        a step's tokens, one to ``k + 1`` by how many drafts were accepted, so it teaches nothing (learned at
-        ``k + 1`` tokens an event, the generous shape's p95 went from 0.8x straight's to 1.7x).
+        ``counted``: the length is a stream's events, not ``usage``, which are its tokens only when an event
+        holds one: not with speculative decoding (a step's, one to ``k + 1`` by the drafts accepted; learned
+        so, the generous shape's p95 went from 0.8x straight's to 1.7x), nor with a stream interval above one
+        (the request's ``stream_interval`` or the engine's, the larger: an event per that many tokens). Then
+        it teaches nothing, and the engine's record stands in (:mod:`sidecar.admission.outputs`).
         """
         self.inflight_sequences -= sequences
         held, pool = self.ledger.remove(holding, now) if holding is not None else None, self.pool()
-        speculates = pool is not None and pool.speculative_tokens > 0
-        taught = completion_tokens if completed and not (counted and speculates) else None
+        batched = max(stream_interval, self.outputs.settings.stream_interval) > 1
+        inexact = counted and (batched or (pool is not None and pool.speculative_tokens > 0))
+        taught = completion_tokens if completed and not inexact else None
         if taught is not None:
             self.outputs.record(key[0], key[1], math.ceil(taught / max(1, sequences)))
         if held is not None and pool is not None and completed:  # the blocks it had planned for

@@ -41,6 +41,7 @@ class Ticket:
     stream: bool = False
     completion_tokens: int | None = None  # the answer's length, when the proxy could read it
     counted: bool = False  # completion_tokens counts a stream's events (no usage): one may hold more tokens
+    stream_interval: int = 1  # the request's ``stream_interval``: vLLM streams an event per that many tokens
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
 
 

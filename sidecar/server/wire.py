@@ -98,7 +98,8 @@ class AnswerLength:
     vLLM streams one ``data:`` event per engine step and choice (``stream_interval`` 1), closed by
     ``data: [DONE]``: a token each, or up to ``k + 1`` with ``k`` speculative tokens, and several steps'
     tokens when its reader lags (``RequestOutputCollector.put``; not seen here with 8 streams on 2 cores).
-    So counted events may be fewer than the tokens: where the engine speculates, the planner learns nothing
+    So counted events may be fewer than the tokens: where the engine speculates, or holds events back for a
+    ``stream_interval`` above 1 (the request's or vLLM's ``--stream-interval``), the planner learns nothing
     from them. A JSON answer carries ``usage`` near its end. Only the last few KiB are kept.
     """
 

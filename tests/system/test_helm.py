@@ -46,6 +46,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "moe-data-parallel": {"model": {"name": "Qwen/Qwen3-30B-A3B"},
                           "vllm": {"dataParallelSize": 2, "enableExpertParallel": True}, "sidecar": {"gpu": "h100"}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
+                        "streamInterval": 4,
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
@@ -144,7 +145,7 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     sidecar = flags(sidecar_args)
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-                 "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size"):  # fmt: skip
+                 "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"

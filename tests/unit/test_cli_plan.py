@@ -291,5 +291,6 @@ def test_run_defaults_are_the_settings_types_defaults() -> None:
         "on_pressure": admission.on_pressure,
         "admission": admission.mode.value,
         "output_quantile": OutputSettings().quantile,
+        "stream_interval": OutputSettings().stream_interval,
     }
     assert {name: getattr(args, name) for name in pairs} == pairs

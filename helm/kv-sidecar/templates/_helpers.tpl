@@ -86,6 +86,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --block-size
 - {{ . | quote }}
 {{- end }}
+{{- with .Values.vllm.streamInterval }}
+- --stream-interval
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.vllm.enablePrefixCaching }}
 - --enable-prefix-caching
 {{- end }}
@@ -132,6 +136,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- with .Values.vllm.blockSize }}
 - --block-size
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.vllm.streamInterval }}
+- --stream-interval
 - {{ . | quote }}
 {{- end }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
