@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sidecar.admission.outcomes import Reason, RefusedError
-from sidecar.admission.tokens import TokenCounter, content_texts
+from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
 
 T = TypeVar("T")
 
@@ -107,6 +107,7 @@ class RequestFacts:
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known
     truncate_prompt_tokens: int | None = None  # vLLM truncates the prompt to this many (-1: max_model_len)
     stream_interval: int = 1  # vLLM's per-request ``stream_interval`` (chat, completions): tokens per event
+    media_items: int = 0  # a chat's images, audio and video: their tokens are not in ``prompts``
 
     @property
     def prompt_tokens(self) -> int:
@@ -253,11 +254,15 @@ def request_facts(
     request's headers: given here, the facts are built once.
     """
     ids: list[tuple[int, ...]] | None
+    media = 0
     if path.endswith("/chat/completions") or path.endswith("/responses"):
         param = "input" if path.endswith("/responses") else "messages"
         if param not in body:
             raise _invalid(f"'{param}' is required", param)
-        count, rendered, exact = _chat_prompt(body, _messages(body[param], param), counter)
+        messages = _messages(body[param], param)
+        count, rendered, exact = _chat_prompt(body, messages, counter)
+        if media := sum(media_parts(message.get("content")) for message in messages):
+            rendered, exact = None, False  # the text's tokens only: the planner adds the media's
         counts, ids = [count], (None if rendered is None else [rendered])
         if param == "input":
             output = _optional_int(body, "max_output_tokens")
@@ -297,4 +302,5 @@ def request_facts(
         prompt_ids=None if ids is None else tuple(ids),
         truncate_prompt_tokens=truncate,
         stream_interval=max(1, interval or 1),
+        media_items=media,
     )

@@ -83,10 +83,8 @@ class AdmissionController:
         max_num_seqs: Callable[[], int | None] = lambda: None,
         scrape_soon: Callable[[float], None] = lambda _delay: None,
     ) -> None:
-        self.config = config
-        self.detector = detector
+        self.config, self.detector, self.metrics = config, detector, metrics
         self.queue_settings = queue_settings
-        self.metrics = metrics
         self.staleness = staleness or Staleness()
         self.now = clock
         """The injected clock."""
@@ -183,21 +181,14 @@ class AdmissionController:
         holding = self.planner.hold(waiter.facts, waiter.hashes, now, in_ledger=in_ledger)
         self.inflight[waiter.lane] += 1
         self.reserved_tokens += waiter.request.reserved_tokens
-        facts = waiter.facts
-        return Ticket(
-            lane=waiter.lane,
-            reserved_tokens=waiter.request.reserved_tokens,
-            admitted_at=now,
+        return Ticket.of(
+            waiter.facts,
+            waiter.lane,
+            waiter.request.reserved_tokens,
+            now,
             waited=waited,
             queued=queued,
             holding=holding,
-            sequences=facts.sequences,
-            prompts=facts.prompts,
-            route=facts.route,
-            model=facts.model,
-            stream=facts.stream,
-            teaches_output=not facts.ignore_eos,
-            stream_interval=facts.stream_interval,
         )
 
     def count(self, outcome: Outcome, reason: Reason, lane: Lane) -> None:
@@ -343,11 +334,15 @@ class AdmissionController:
         if completed:
             self.stats[ticket.lane].record(now - ticket.admitted_at)
         taught = ticket.completion_tokens if ticket.teaches_output else None
+        key = (ticket.route, ticket.model)
         if self.planner.release(
-            ticket.holding, ticket.sequences, now, completed=completed, completion_tokens=taught,
-            key=(ticket.route, ticket.model), counted=ticket.counted, stream_interval=ticket.stream_interval,
+            ticket.holding, ticket.sequences, now, completed=completed, completion_tokens=taught, key=key,
+            counted=ticket.counted, stream_interval=ticket.stream_interval,
         ):  # fmt: skip
             self.metrics.output_sample("stream" if ticket.counted else "usage")
+        if completed and ticket.prompt_usage is not None:  # what its images, audio or video took
+            text = max(ticket.prompts, default=0)
+            self.planner.media.learn(key, ticket.media_items, text, ticket.prompt_usage)
         self.dispatch()
 
     def observe(

@@ -142,3 +142,34 @@ class OutputLengths:
             learned = self.engine_bound()
         expected = hard if learned is None else min(hard, learned)
         return max(expected, min(facts.min_output_tokens, hard)), hard
+
+
+@dataclass(slots=True)
+class MediaTokens:
+    """Prompt tokens per image, audio or video item of a chat, per (route, model), learned from ``usage``.
+
+    The model's processor expands each media part into placeholder tokens that hold KV blocks like any
+    prompt token, as many as the item's size and the processor say (vLLM 0.32.0: ``_get_prompt_updates`` of
+    each model's processor, e.g. ``qwen2_vl.py``), which the sidecar cannot count. An answer's
+    ``usage.prompt_tokens`` (which counts them: ``len(prompt_token_ids)`` after the expansion) less its
+    text's tokens, over its items, is one sample, and the bound is formed as answer lengths' are
+    (:class:`OutputLengths`). Until a key has a sample, a request with media is planned at the whole
+    context, the most vLLM lets a sequence hold. Only the planned prompt grows: the output's hard bound
+    stays the room the text alone leaves, an upper bound of the real one, so an end is never planned early.
+    """
+
+    lengths: OutputLengths = field(default_factory=OutputLengths)
+
+    def planned(self, facts: RequestFacts, max_model_len: int) -> tuple[int, ...]:
+        """``facts``'s prompts with its media's tokens: the learned bound per item, else the whole context."""
+        if not facts.media_items:
+            return facts.prompts
+        per_item = self.lengths.bound(facts.route, facts.model)
+        if per_item is None:
+            return tuple(max_model_len for _ in facts.prompts)
+        return tuple(min(max_model_len, p + facts.media_items * per_item) for p in facts.prompts)
+
+    def learn(self, key: tuple[str, str], items: int, text_tokens: int, prompt_tokens: int) -> None:
+        """An answer to ``items`` media and ``text_tokens`` of text said its prompt took ``prompt_tokens``."""
+        if items > 0:
+            self.lengths.record(key[0], key[1], math.ceil(max(0, prompt_tokens - text_tokens) / items))

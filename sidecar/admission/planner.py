@@ -24,7 +24,7 @@ from sidecar.admission.capacity import (
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.order import wait_estimate
 from sidecar.admission.outcomes import Lane
-from sidecar.admission.outputs import OutputLengths, OutputSettings
+from sidecar.admission.outputs import MediaTokens, OutputLengths, OutputSettings
 from sidecar.admission.prefix_cache import prompt_hashes
 from sidecar.admission.rates import ReleaseRate, StepClock
 from sidecar.admission.retry import capacity_wait_estimate
@@ -67,12 +67,13 @@ class CapacityPlanner:
         self._max_num_seqs = max_num_seqs
         self.ledger = CapacityLedger()
         self.outputs = OutputLengths(outputs or OutputSettings())
+        self.media = MediaTokens(OutputLengths(outputs or OutputSettings()))  # tokens per image, audio, video
         self.steps = StepClock()
         self.releases = ReleaseRate()
         self.engine_sequences: int | None = None  # learned: running when the engine last queued requests
         self.inflight_sequences = 0
         self.last_short: tuple[float, int] | None = None  # when a short request last came, and its blocks
-        self._last_demand: tuple[RequestFacts, Hashes, PoolView, int, int, Demand] | None = None
+        self._last_demand: tuple[RequestFacts, Hashes, PoolView, int, tuple[int, int], Demand] | None = None
         self.wake_at: float | None = None  # the step count at which a head waiting for blocks fits
 
     def known(self) -> bool:
@@ -91,11 +92,12 @@ class CapacityPlanner:
         max_model_len, pool = self.max_model_len(), self.pool()
         if pool is None or max_model_len is None:
             return None
-        revision, last = self.outputs.revision, self._last_demand  # one decision asks three times
+        revision, last = (self.outputs.revision, self.media.lengths.revision), self._last_demand  # asked 3x
         if last is not None and last[:3] == (facts, hashes, pool) and last[3:5] == (max_model_len, revision):
             return last[5]
-        expected, bound = self.outputs.expected(facts, max_model_len)
-        demand = Demand(facts.prompts, facts.choices, expected, bound, max_model_len, hashes)
+        expected, bound = self.outputs.expected(facts, max_model_len)  # the room the text alone leaves
+        prompts = self.media.planned(facts, max_model_len)
+        demand = Demand(prompts, facts.choices, expected, bound, max_model_len, hashes)
         self._last_demand = (facts, hashes, pool, max_model_len, revision, demand)
         return demand
 
@@ -181,8 +183,8 @@ class CapacityPlanner:
 
     def expected_tokens(self, facts: RequestFacts) -> int:
         """Prompts plus expected output over every sequence (the urgency order's size)."""
-        expected, _ = self.outputs.expected(facts, self.max_model_len() or 0)
-        return sum(facts.prompts) + expected * facts.sequences
+        expected, _ = self.outputs.expected(facts, max_model_len := self.max_model_len() or 0)
+        return sum(self.media.planned(facts, max_model_len)) + expected * facts.sequences
 
     def scrape_wanted(self, now: float, heads: Iterable[tuple[RequestFacts, Hashes, bool]]) -> float | None:
         """Seconds until a scrape would tell a request waiting for blocks something, or ``None``.

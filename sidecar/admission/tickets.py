@@ -43,6 +43,21 @@ class Ticket:
     counted: bool = False  # completion_tokens counts a stream's events (no usage): one may hold more tokens
     stream_interval: int = 1  # the request's ``stream_interval``: vLLM streams an event per that many tokens
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
+    media_items: int = 0  # a chat's images, audio and video (their tokens are learned from ``usage``)
+    prompt_usage: int | None = None  # the answer's ``usage.prompt_tokens``, when the proxy could read it
+
+    @classmethod
+    def of(
+        cls, facts: RequestFacts, lane: Lane, reserved_tokens: int, now: float, *, waited: float,
+        queued: bool, holding: int | None,
+    ) -> Ticket:  # fmt: skip
+        """The ticket of ``facts``, admitted at ``now`` into ``lane`` after ``waited`` seconds."""
+        return cls(
+            lane=lane, reserved_tokens=reserved_tokens, admitted_at=now, waited=waited, queued=queued,
+            holding=holding, sequences=facts.sequences, prompts=facts.prompts, route=facts.route,
+            model=facts.model, stream=facts.stream, teaches_output=not facts.ignore_eos,
+            stream_interval=facts.stream_interval, media_items=facts.media_items,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -137,6 +137,37 @@ def content_texts(content: Any) -> list[str]:
     return texts
 
 
+MEDIA_PART_KEYS = frozenset(
+    {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds"}
+    | {"video_url", "video_embeds", "prompt_embeds"}
+)
+"""Keys that make a content part multimodal whatever its ``type`` (vLLM 0.32.0, ``renderers/chat_utils.py``:
+``MM_PARSER_MAP`` less the text types)."""
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})
+"""Content part types that carry no multimodal data (``_TEXT_CONTENT_PART_TYPES`` there)."""
+
+
+def media_parts(content: Any) -> int:
+    """Multimodal parts (images, audio, video, embeddings) of a message's content, told as vLLM tells them.
+
+    vLLM 0.32.0's ``has_non_text_content`` (``renderers/chat_utils.py``): a dict part with a media key, or
+    whose ``type`` is not one of the text types. Their tokens are not in the text: the model's processor
+    expands each into placeholder tokens that hold KV blocks like any other prompt token.
+    """
+    if not isinstance(content, list):
+        return 0
+    return sum(
+        1
+        for part in content
+        if isinstance(part, dict)
+        and (
+            not MEDIA_PART_KEYS.isdisjoint(part)
+            or not isinstance(kind := part.get("type", "text"), str)
+            or kind not in TEXT_PART_TYPES
+        )
+    )
+
+
 def _shape_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
     """The message as vLLM hands it to a template of ``content_format`` (text parts only)."""
     texts = content_texts(message.get("content"))

@@ -74,6 +74,7 @@ def admission_document(controller: AdmissionController, fallback: str | None = N
         "kv_blocks": controller.planner.block_figures(now),
         "kv_layout": layout_document(controller.planner.pool()),
         "output_bounds": controller.planner.outputs.bounds(),
+        "media_token_bounds": controller.planner.media.lengths.bounds(),  # prompt tokens per media item
         "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
         "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},
         "inflight": {lane.value: count for lane, count in controller.inflight.items()},

@@ -292,7 +292,7 @@ class Proxy:
         if ticket is not None and upstream.status == 200:
             answer = AnswerLength(ticket)
             answer.feed(data)
-            ticket.completion_tokens = answer.completion_tokens()
+            ticket.completion_tokens, ticket.prompt_usage = answer.completion_tokens(), answer.prompt_tokens()
         headers = response_headers(upstream.headers, whole=True)  # web.Response sets the length from the body
         self.metrics.duration_of(lane).observe(time.perf_counter() - started)
         return web.Response(status=upstream.status, reason=upstream.reason, body=data, headers=headers)
@@ -386,6 +386,7 @@ class Proxy:
             if answer is not None:
                 answer.ticket.completion_tokens = answer.completion_tokens()
                 answer.ticket.counted = not answer.usage_seen
+                answer.ticket.prompt_usage = answer.prompt_tokens()
             return response
         finally:
             if complete:

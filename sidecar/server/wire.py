@@ -89,6 +89,7 @@ def tenant_of(request: web.Request, header: str) -> str:
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _TAIL_BYTES = 4096
 
 
@@ -127,3 +128,8 @@ class AnswerLength:
         if self.stream and self.events:
             return max(0, self.events - 1)  # less the closing [DONE]
         return None
+
+    def prompt_tokens(self) -> int | None:
+        """The answer's ``usage.prompt_tokens`` (media expanded into tokens), or ``None`` without usage."""
+        found = _PROMPT_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else None
