@@ -39,9 +39,12 @@ def serve(
     tmp_path_factory: pytest.TempPathFactory,
     log: str,
     extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[VllmServer]:
     """A started vLLM server (the fixtures' shape, more ``vllm serve`` flags), stopped when the generator closes."""
-    server = VllmServer(python, model, log_path=tmp_path_factory.mktemp("logs") / log, extra_args=extra_args)
+    server = VllmServer(
+        python, model, log_path=tmp_path_factory.mktemp("logs") / log, extra_args=extra_args, env=env or {}
+    )
     server.start()
     yield server
     server.stop()

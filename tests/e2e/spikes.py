@@ -12,9 +12,10 @@ from tests.e2e.test_real_vllm import start
 from tests.harness.spike import SpikeConfig, SpikeReport, run_spike, wait_idle
 
 
-async def start_beside(engine: str, model: Path | None) -> SidecarApp:
-    """A sidecar in front of ``engine`` that has read its first page and its ``max_model_len``."""
-    app = await start(engine, model)
+async def start_beside(engine: str, model: Path | None, **options: object) -> SidecarApp:
+    """A sidecar in front of ``engine`` (``options``: more :class:`RunOptions`) that has read its first page
+    and its ``max_model_len``."""
+    app = await start(engine, model, **options)
     for _ in range(100):
         if app.monitor.engine.snapshot is not None and app.monitor.request_max_model_len() is not None:
             break

@@ -30,12 +30,27 @@ def vllm_python() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def make_tiny_model(python: Path, out: Path, *, hybrid: bool = False) -> Path:
-    """Generate the tiny model into ``out`` (reused when it is already there); ``hybrid``: a sliding layer too."""
+def make_tiny_model(python: Path, out: Path, *, hybrid: bool = False, vl: bool = False) -> Path:
+    """Generate the tiny model into ``out`` (reused when it is already there).
+
+    ``hybrid``: a sliding-window layer too; ``vl``: a Qwen2-VL that takes images (served with
+    :func:`vision_path` on its ``PYTHONPATH``).
+    """
     if not (out / "model.safetensors").is_file():
         script = [str(python), str(ROOT / "scripts/make_tiny_model.py"), str(out)]
-        subprocess.run([*script, "--hybrid"] if hybrid else script, check=True, capture_output=True)
+        script += ["--hybrid"] * hybrid + ["--vl"] * vl
+        subprocess.run(script, check=True, capture_output=True)
     return out
+
+
+def vision_path() -> Path:
+    """Install torchvision beside vLLM's environment if needed (``scripts/install-vllm-vision``); its path."""
+    result = subprocess.run(
+        [str(ROOT / "scripts/install-vllm-vision")], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"installing torchvision failed: {result.stderr.strip()[-2000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
 
 
 async def wait_http(url: str, within: float = 60.0) -> None:
@@ -76,6 +91,7 @@ class VllmServer:
     gpu_blocks: int | None = 16
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()  # more ``vllm serve`` flags
+    env: dict[str, str] = field(default_factory=dict)  # more environment (``PYTHONPATH`` for a vision model)
     process: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = None
 
@@ -103,6 +119,7 @@ class VllmServer:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache: benchmark runs start from a cold cache
+            **self.env,
         }
         self._log_file = open(self.log_path, "wb") if self.log_path else None  # noqa: SIM115 - closed by stop()
         self.process = subprocess.Popen(
