@@ -10,7 +10,9 @@ planned at their text, let vLLM preempt.
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
+import subprocess
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +22,13 @@ import aiohttp
 import pytest
 
 from sidecar.admission.body import request_facts
+from sidecar.admission.tokens import media_parts
 from tests.e2e.conftest import serve
 from tests.e2e.spikes import admission_status, start_beside
 from tests.e2e.test_real_vllm import engine_sample
 from tests.harness.spike import wait_idle
 from tests.harness.vllm import VllmServer, make_tiny_model, vision_path
+from tests.unit.test_media import MEDIA_CONTENTS
 
 pytestmark = pytest.mark.e2e
 CHAT = "/v1/chat/completions"
@@ -82,6 +86,24 @@ async def chat(url: str, request: dict[str, Any]) -> int:
         answer = await response.json()
         assert response.status == 200, answer
     return int(answer["usage"]["prompt_tokens"])
+
+
+VLLMS_CHECK = """
+import json, sys
+from vllm.renderers.chat_utils import has_non_text_content
+contents = json.load(sys.stdin)
+print(json.dumps([has_non_text_content([{"role": "user", "content": c}]) for c in contents]))
+"""
+
+
+def test_media_parts_are_what_vllms_own_check_calls_non_text(vllm_env: Path) -> None:
+    contents = [content for content, _ in MEDIA_CONTENTS]
+    result = subprocess.run(
+        [str(vllm_env), "-c", VLLMS_CHECK], input=json.dumps(contents), capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [media_parts(c) > 0 for c in contents]
 
 
 async def test_an_image_adds_its_placeholders_to_the_prompt(vl_server: VllmServer) -> None:
