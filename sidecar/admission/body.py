@@ -108,6 +108,7 @@ class RequestFacts:
     truncate_prompt_tokens: int | None = None  # vLLM truncates the prompt to this many (-1: max_model_len)
     stream_interval: int = 1  # vLLM's per-request ``stream_interval`` (chat, completions): tokens per event
     media_items: int = 0  # a chat's images, audio and video: their tokens are not in ``prompts``
+    cache_salt: str | None = None  # vLLM keys prefix-cache blocks by it: only equal salts share blocks
 
     @property
     def prompt_tokens(self) -> int:
@@ -303,4 +304,5 @@ def request_facts(
         truncate_prompt_tokens=truncate,
         stream_interval=max(1, interval or 1),
         media_items=media,
+        cache_salt=salt if isinstance(salt := body.get("cache_salt"), str) else None,
     )

@@ -85,7 +85,8 @@ class CapacityPlanner:
     def hashes(self, facts: RequestFacts) -> Hashes:
         """The request's shareable prompt blocks (computed once, when it arrives)."""
         pool = self.pool()
-        return prompt_hashes(facts.prompt_ids, pool) if pool is not None else ()
+        scope = (facts.model, facts.cache_salt)  # vLLM's extra keys: the LoRA the model names, the salt
+        return prompt_hashes(facts.prompt_ids, pool, scope) if pool is not None else ()
 
     def demand(self, facts: RequestFacts, hashes: Hashes) -> Demand | None:
         """The ledger's plan for the request with what is learned now; ``None`` while nothing is known."""

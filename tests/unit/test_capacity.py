@@ -6,10 +6,13 @@ import math
 
 import pytest
 
+from sidecar.admission.body import RequestFacts, request_facts
 from sidecar.admission.capacity import CapacityLedger, Demand, Margins
 from sidecar.admission.geometry import PoolView, blocks_for
+from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.prefix_cache import prefix_hashes, prompt_hashes
 from sidecar.admission.rates import Steps
+from sidecar.admission.tokens import EstimatingCounter
 
 POOL = PoolView(blocks=15, block_size=128)  # the real CPU engine: 16 blocks, one of them the null block
 UNKNOWN = Steps()
@@ -66,6 +69,30 @@ def test_a_shared_prefix_is_counted_once() -> None:
     other = Demand((600,), 1, 16, 16, 1024, prompt_hashes([[7, *ids[1:]]], POOL))
     assert ledger.added_blocks(other, POOL) == 5
     assert prompt_hashes([ids], PoolView(blocks=15, block_size=128, prefix_caching=False)) == ()
+
+
+@pytest.mark.parametrize(
+    ("held", "new", "added"),
+    [
+        ({"model": "m"}, {"model": "m"}, 1),  # 5 blocks, 4 held
+        ({"model": "m", "cache_salt": "a"}, {"model": "m", "cache_salt": "a"}, 1),
+        ({"model": "m", "cache_salt": "a"}, {"model": "m", "cache_salt": "b"}, 5),  # vLLM salts the chain
+        ({"model": "m"}, {"model": "m", "cache_salt": "a"}, 5),
+        ({"model": "base"}, {"model": "adapter"}, 5),  # a LoRA adapter is named as the model
+    ],
+)
+def test_blocks_are_shared_only_within_a_model_and_cache_salt(
+    held: dict[str, object], new: dict[str, object], added: int
+) -> None:
+    """vLLM keys each block by the request's LoRA adapter and cache salt too (``generate_block_hash_extra_keys``)."""
+    planner = CapacityPlanner(pool=lambda: POOL, max_model_len=lambda: 1024)
+    ids = tuple(range(600))
+    first, second = (
+        RequestFacts((600,), 16, exact=True, prompt_ids=(ids,), **fields)  # type: ignore[arg-type]
+        for fields in (held, new)
+    )
+    planner.hold(first, planner.hashes(first), 0.0, in_ledger=True)
+    assert planner.added_blocks(second, planner.hashes(second)) == added
 
 
 def test_shared_blocks_stay_counted_while_any_holder_runs() -> None:
@@ -356,3 +383,15 @@ def test_steps_until_fit_finds_a_fit_between_two_ends_that_is_gone_after_both() 
     assert ledger.fits(candidate, POOL, Steps(low=538, high=541), margins)
     assert not ledger.fits(candidate, POOL, Steps(low=537, high=541).later(200), margins)
     assert ledger.steps_until_fit(candidate, POOL, Steps(low=537, high=541), margins) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": [1, 2, 3], "cache_salt": "a"}),
+        ("/v1/chat/completions", {"messages": "hi", "cache_salt": "a"}),
+        ("/v1/responses", {"input": "hi", "cache_salt": "a"}),  # all three of vLLM 0.32's routes take it
+    ],
+)
+def test_the_cache_salt_is_read_from_every_generation_route(path: str, body: dict[str, object]) -> None:
+    assert request_facts(path, body, EstimatingCounter()).cache_salt == "a"
