@@ -107,7 +107,7 @@ class RequestFacts:
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # each prompt's token ids, when known
     truncate_prompt_tokens: int | None = None  # vLLM truncates the prompt to this many (-1: max_model_len)
     stream_interval: int = 1  # vLLM's per-request ``stream_interval`` (chat, completions): tokens per event
-    media_items: int = 0  # a chat's images, audio and video: their tokens are not in ``prompts``
+    media_items: int = 0  # a chat's images, audio, video; prompt_embeds: their tokens are not in ``prompts``
     cache_salt: str | None = None  # vLLM keys prefix-cache blocks by it: only equal salts share blocks
 
     @property
@@ -157,6 +157,30 @@ def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[
         else:
             raise _invalid("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
     return counts, ids, exact
+
+
+def _completion_prompts(
+    body: dict[str, Any], counter: TokenCounter
+) -> tuple[list[int], list[tuple[int, ...]] | None, bool, int]:
+    """A completion's prompts as vLLM 0.32 builds them (``preprocess_completion``, ``online_renderer.py``).
+
+    Its ``prompt_embeds`` (with ``--enable-prompt-embeds``) come first, a prompt each, whose lengths only
+    the engine knows: counted 0 here, with as many items for the planner to add (``MediaTokens``); a
+    ``prompt`` may then be left out. A ``suffix`` (fill-in-the-middle) is rendered into each text prompt
+    with the model's FIM tokens: its text is added, and the count is no longer exact.
+    """
+    embeds = body.get("prompt_embeds")
+    embedded = len(embeds) if isinstance(embeds, list) else int(embeds not in (None, ""))
+    if embedded and body.get("prompt") in (None, ""):
+        return [0] * embedded, None, False, embedded
+    if "prompt" not in body:
+        raise _invalid("'prompt' is required", "prompt")
+    counts, ids, exact = _prompts(body["prompt"], counter)
+    if isinstance(suffix := body.get("suffix"), str) and suffix:
+        counts, ids, exact = [count + counter.count(suffix) for count in counts], None, False
+    if embedded:
+        return [0] * embedded + counts, None, False, embedded
+    return counts, ids, exact, 0
 
 
 def _content_text(content: Any) -> str:
@@ -272,9 +296,7 @@ def request_facts(
             if output is None:
                 output = _optional_int(body, "max_tokens")
     else:
-        if "prompt" not in body:
-            raise _invalid("'prompt' is required", "prompt")
-        counts, ids, exact = _prompts(body["prompt"], counter)
+        counts, ids, exact, media = _completion_prompts(body, counter)
         output = _optional_int(body, "max_tokens")
         if output is None:
             output = COMPLETIONS_DEFAULT_MAX_TOKENS

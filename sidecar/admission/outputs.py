@@ -146,8 +146,10 @@ class OutputLengths:
 
 @dataclass(slots=True)
 class MediaTokens:
-    """Prompt tokens per image, audio or video item of a chat, per (route, model), learned from ``usage``.
+    """Prompt tokens per media item, per (route, model), learned from ``usage``.
 
+    Media items: a chat's images, audio and video, and a completion's ``prompt_embeds`` (a prompt each, of
+    as many tokens as the tensor has rows).
     The model's processor expands each media part into placeholder tokens that hold KV blocks like any
     prompt token, as many as the item's size and the processor say (vLLM 0.32.0: ``_get_prompt_updates`` of
     each model's processor, e.g. ``qwen2_vl.py``), which the sidecar cannot count. An answer's
@@ -167,7 +169,8 @@ class MediaTokens:
         per_item = self.lengths.bound(facts.route, facts.model)
         if per_item is None:
             return tuple(max_model_len for _ in facts.prompts)
-        return tuple(min(max_model_len, p + facts.media_items * per_item) for p in facts.prompts)
+        items = math.ceil(facts.media_items / max(1, len(facts.prompts)))  # a chat's all; an embedding each
+        return tuple(min(max_model_len, p + items * per_item) for p in facts.prompts)
 
     def learn(self, key: tuple[str, str], items: int, text_tokens: int, prompt_tokens: int) -> None:
         """An answer to ``items`` media and ``text_tokens`` of text said its prompt took ``prompt_tokens``."""

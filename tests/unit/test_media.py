@@ -151,3 +151,29 @@ async def test_a_released_answer_teaches_what_its_media_took(
     ticket.prompt_usage = usage
     controller.release(ticket)
     assert controller.planner.media.lengths.bound("/v1/completions", "m") == bound  # 160 a item, x 2.5
+
+
+@pytest.mark.parametrize(
+    ("body", "prompts", "items", "exact"),
+    [
+        ({"prompt_embeds": "AAAA"}, (0,), 1, False),  # no prompt needed: vLLM 0.32 takes embeds alone
+        ({"prompt_embeds": ["AAAA", "BBBB"], "prompt": ""}, (0, 0), 2, False),
+        ({"prompt_embeds": "AAAA", "prompt": [1, 2, 3]}, (0, 3), 1, False),  # embeds first, then the text
+        ({"prompt": [1, 2, 3], "prompt_embeds": []}, (3,), 0, True),  # an empty list is no embeds
+        ({"prompt": [1, 2, 3], "suffix": "abcd"}, (4,), 0, False),  # FIM: the suffix's text is added
+        ({"prompt": [1, 2, 3], "suffix": ""}, (3,), 0, True),
+    ],
+)
+def test_a_completions_embeddings_and_suffix_are_prompt_tokens_only_the_engine_counts(
+    body: dict[str, Any], prompts: tuple[int, ...], items: int, exact: bool
+) -> None:
+    facts = request_facts("/v1/completions", body, EstimatingCounter())
+    assert (facts.prompts, facts.media_items, facts.exact) == (prompts, items, exact)
+    assert (facts.prompt_ids is None) is not exact
+
+
+def test_each_embedding_is_planned_at_its_own_learned_size() -> None:
+    media = MediaTokens()
+    media.learn(("/v1/completions", "m"), 2, 0, 2 * 40)  # two prompts of 40 rows each: 40 an item, x 2.5
+    facts = RequestFacts((0, 0, 3), 16, exact=False, route="/v1/completions", model="m", media_items=2)
+    assert media.planned(facts, 1024) == (100, 100, 103)  # one item each (rounded up over three prompts)
