@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
 from sidecar.admission.outcomes import Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
 
@@ -159,6 +160,24 @@ def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[
     return counts, ids, exact
 
 
+def _anthropic_prompt(
+    body: dict[str, Any], counter: TokenCounter
+) -> tuple[list[int], list[tuple[int, ...]] | None, int]:
+    """An Anthropic request's prompt: rendered as vLLM converts it (:mod:`sidecar.admission.anthropic`)."""
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise _invalid("'messages' must be a non-empty list of messages", "messages")
+    messages, tools, media = chat_messages(body)
+    kwargs = body.get("chat_template_kwargs")
+    rendered = (
+        None
+        if media
+        else counter.chat_tokens(messages, tools=tools, extra=kwargs if isinstance(kwargs, dict) else None)
+    )
+    if rendered is not None:
+        return [len(rendered)], [tuple(rendered)], 0
+    return [sum(counter.count(m["content"]) + CHAT_MESSAGE_OVERHEAD for m in messages)], None, media
+
+
 def _completion_prompts(
     body: dict[str, Any], counter: TokenCounter
 ) -> tuple[list[int], list[tuple[int, ...]] | None, bool, int]:
@@ -279,8 +298,11 @@ def request_facts(
     request's headers: given here, the facts are built once.
     """
     ids: list[tuple[int, ...]] | None
-    media = 0
-    if path.endswith("/chat/completions") or path.endswith("/responses"):
+    media, openai = 0, not path.endswith(MESSAGES_ROUTE)  # Anthropic's API has no n, priority, ignore_eos ...
+    if not openai:
+        counts, ids, media = _anthropic_prompt(body, counter)
+        exact, output = False, _optional_int(body, "max_tokens")  # a near count: never a 400 (anthropic.py)
+    elif path.endswith("/chat/completions") or path.endswith("/responses"):
         param = "input" if path.endswith("/responses") else "messages"
         if param not in body:
             raise _invalid(f"'{param}' is required", param)
@@ -300,6 +322,8 @@ def request_facts(
         output = _optional_int(body, "max_tokens")
         if output is None:
             output = COMPLETIONS_DEFAULT_MAX_TOKENS
+    if not openai:  # the fields below are not the Anthropic request's: vLLM ignores them there
+        body = {k: v for k, v in body.items() if k in ("model", "stream", "cache_salt")}
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
     body_priority = _optional_int(body, "priority")
     truncate = _optional_int(body, "truncate_prompt_tokens")

@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
+from sidecar.admission.anthropic import MESSAGES_ROUTE
 from sidecar.admission.body import RequestFacts, decode_json_body, request_facts
 from sidecar.admission.controller import AdmissionController, Ticket
 from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, RefusedError
@@ -39,7 +40,7 @@ from sidecar.server.wire import AnswerLength, error_response, forward_headers, r
 from sidecar.settings import ClientLimits
 from sidecar.units import MIB, parse_duration
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", MESSAGES_ROUTE})
 """Routes whose requests occupy KV cache and go through admission."""
 
 OFFLOAD_BODY_BYTES = 64 * 1024
@@ -75,9 +76,9 @@ def _buffered(upstream: aiohttp.ClientResponse) -> bool:
 class _Account:
     """Counts one generation request's outcome exactly once (other routes are not counted)."""
 
-    def __init__(self, controller: AdmissionController, generation: bool) -> None:
+    def __init__(self, controller: AdmissionController, generation: bool, route: str) -> None:
         self._controller = controller
-        self.done = not generation
+        self.done, self.route = not generation, route
         self.lane = Lane.SHORT
 
     def record(self, outcome: Outcome, reason: Reason) -> None:
@@ -209,14 +210,14 @@ class Proxy:
         """Admit (for generation routes) and forward one request; count how it ended exactly once."""
         started = time.perf_counter()
         generation = request.method == "POST" and request.path in GENERATION_PATHS
-        account = _Account(self.controller, generation)
+        account = _Account(self.controller, generation, request.path)
         self.open_requests += 1
         ticket: Ticket | None = None
         try:
             refusal = self._precheck(request)
             if refusal is not None:
                 account.record(Outcome.REFUSED, refusal.reason)
-                return error_response(refusal)
+                return error_response(refusal, request.path)
             try:
                 body = await self._read_body(request)
             except _BodyTooLargeError:
@@ -233,7 +234,7 @@ class Proxy:
                     facts = await self._facts(request, body)
                 except RefusedError as error:
                     account.record(Outcome.REFUSED, error.reason)
-                    return error_response(error)
+                    return error_response(error, request.path)
                 account.lane = self.controller.lane_of(facts)  # a request cancelled while queued counts here
                 try:
                     ticket = await self.controller.admit(facts)
@@ -242,7 +243,7 @@ class Proxy:
                     self.log.info(
                         "refused", reason=error.reason.value, path=request.path, retry_after=error.retry_after
                     )
-                    return error_response(error)
+                    return error_response(error, request.path)
                 account.lane = ticket.lane
                 lane_label = ticket.lane  # a StrEnum: its own label value
             return await self._forward(request, body, ticket, account, lane=lane_label, started=started)
@@ -285,7 +286,8 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError) as exc:  # nothing was sent to the client yet: a clean 502
             upstream.close()  # vLLM aborts the request
             self.log.warning("upstream_broke_off", error=f"{type(exc).__name__}: {exc}", path=request.path)
-            return error_response(RefusedError(Reason.ENGINE_ERROR, "the engine broke off its answer"))
+            broke = RefusedError(Reason.ENGINE_ERROR, "the engine broke off its answer")
+            return error_response(broke, request.path)
         finally:
             self.metrics.ttfb_of(lane).observe(time.perf_counter() - started)
         upstream.release()
@@ -299,7 +301,7 @@ class Proxy:
 
     def _refuse(self, account: _Account, reason: Reason, message: str) -> web.Response:
         account.record(Outcome.REFUSED, reason)
-        return error_response(RefusedError(reason, message))
+        return error_response(RefusedError(reason, message), account.route)
 
     async def _connect(self, request: web.Request, body: bytes) -> aiohttp.ClientResponse | RefusedError:
         """The upstream's response (headers received), or the refusal to answer with instead."""
@@ -344,7 +346,7 @@ class Proxy:
             # engine-unavailable: never sent; engine-error/-timeout: sent, but no answer came
             outcome = Outcome.REFUSED if upstream.reason is Reason.ENGINE_UNAVAILABLE else Outcome.ADMITTED
             account.record(outcome, upstream.reason)
-            return error_response(upstream)
+            return error_response(upstream, request.path)
         if ticket is not None:
             account.record(Outcome.ADMITTED, Reason.QUEUED if ticket.queued else Reason.ADMITTED)
         if _buffered(upstream):

@@ -14,6 +14,7 @@ import re
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from sidecar.admission.anthropic import MESSAGES_ROUTE
 from sidecar.admission.outcomes import AdmissionError
 from sidecar.admission.tickets import Ticket
 
@@ -34,12 +35,19 @@ HOP_BY_HOP = frozenset(
 """Headers that describe one connection, never forwarded."""
 
 
-def error_response(error: AdmissionError) -> web.Response:
-    """The OpenAI-style error body with ``X-KV-Sidecar-Reason`` and, where it applies, ``Retry-After``."""
+def error_response(error: AdmissionError, route: str = "") -> web.Response:
+    """The error body with ``X-KV-Sidecar-Reason`` and, where it applies, ``Retry-After``.
+
+    OpenAI's shape, or on the Anthropic route the shape vLLM answers there (``{"type": "error", "error":
+    {"type", "message"}}``, ``vllm/entrypoints/anthropic/api_router.py``), which Anthropic's clients read.
+    """
     reason = error.reason
     headers = {"X-KV-Sidecar-Reason": reason.value}
     if error.retry_after is not None:
         headers["Retry-After"] = str(int(error.retry_after))
+    if route == MESSAGES_ROUTE:
+        anthropic = {"type": "error", "error": {"type": reason.error_type, "message": error.message}}
+        return web.json_response(anthropic, status=reason.status, headers=headers)
     body = {
         "error": {
             "message": error.message,
@@ -88,14 +96,19 @@ def tenant_of(request: web.Request, header: str) -> str:
     return "anonymous"
 
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')  # output_: Responses API
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+EVENT_CLOCK_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+"""Routes whose streams send one ``data:`` event per engine step and choice (the Responses and Anthropic
+streams add lifecycle events: ``response.created``, ``message_start`` and others, so theirs are not steps)."""
 _TAIL_BYTES = 4096
 
 
 class AnswerLength:
-    """How long an answer is: its ``usage.completion_tokens``, else its streamed events counted.
+    """How long an answer is: its usage, else its streamed events counted where they are steps.
 
+    Usage says ``completion_tokens``, or ``output_tokens`` on the Responses and Anthropic routes; events are
+    steps on :data:`EVENT_CLOCK_ROUTES` only.
     vLLM streams one ``data:`` event per engine step and choice (``stream_interval`` 1), closed by
     ``data: [DONE]``: a token each, or up to ``k + 1`` with ``k`` speculative tokens, and several steps'
     tokens when its reader lags (``RequestOutputCollector.put``; not seen here with 8 streams on 2 cores).
@@ -106,17 +119,18 @@ class AnswerLength:
 
     def __init__(self, ticket: Ticket) -> None:
         self.ticket = ticket
-        self.stream = ticket.stream
+        self.stream = ticket.stream and ticket.route in EVENT_CLOCK_ROUTES  # a step clock only there
         self.events = 0
         self._tail = b""
         self.usage_seen = False
 
     def feed(self, chunk: bytes) -> int | None:
         """Take one chunk; for a stream, the events per sequence so far."""
+        seam = self._tail[-4:] + chunk  # a ``data:`` split between two chunks is counted once
         self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
         if not self.stream:
             return None
-        self.events += chunk.count(b"data:")
+        self.events += seam.count(b"data:")
         return self.events // max(1, self.ticket.sequences)
 
     def completion_tokens(self) -> int | None:
@@ -130,6 +144,6 @@ class AnswerLength:
         return None
 
     def prompt_tokens(self) -> int | None:
-        """The answer's ``usage.prompt_tokens`` (media expanded into tokens), or ``None`` without usage."""
+        """The answer's prompt tokens from its usage (media expanded into tokens), or ``None`` without it."""
         found = _PROMPT_TOKENS.findall(self._tail)
         return int(found[-1]) if found else None
