@@ -33,6 +33,8 @@ from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
 T = TypeVar("T")
 
 CHAT_MESSAGE_OVERHEAD = 8
+BATCH_CHAT_SUFFIX = "/chat/completions/batch"
+"""vLLM 0.32's batch route: ``messages`` is a list of conversations, each a prompt of its own."""
 """Estimated template tokens per chat message when the template cannot be rendered (ChatML uses 5)."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """vLLM's ``CompletionRequest.max_tokens`` default."""
@@ -158,6 +160,22 @@ def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[
         else:
             raise _invalid("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
     return counts, ids, exact
+
+
+def _chat_prompts(
+    body: dict[str, Any], conversations: list[list[dict[str, Any]]], counter: TokenCounter
+) -> tuple[list[int], list[tuple[int, ...]] | None, bool, int]:
+    """Each conversation's prompt (one, or the batch route's several), exact only without media."""
+    counts: list[int] = []
+    ids: list[tuple[int, ...]] | None = []
+    exact, media = True, 0
+    for messages in conversations:
+        count, rendered, exact_one = _chat_prompt(body, messages, counter)
+        items = sum(media_parts(message.get("content")) for message in messages)
+        counts.append(count)
+        media, exact = media + items, exact and exact_one and not items  # the planner adds the media's
+        ids = None if ids is None or rendered is None or items else [*ids, rendered]
+    return counts, ids, exact, media
 
 
 def _anthropic_prompt(
@@ -302,15 +320,14 @@ def request_facts(
     if not openai:
         counts, ids, media = _anthropic_prompt(body, counter)
         exact, output = False, _optional_int(body, "max_tokens")  # a near count: never a 400 (anthropic.py)
-    elif path.endswith("/chat/completions") or path.endswith("/responses"):
+    elif path.endswith(("/chat/completions", BATCH_CHAT_SUFFIX, "/responses")):
         param = "input" if path.endswith("/responses") else "messages"
         if param not in body:
             raise _invalid(f"'{param}' is required", param)
-        messages = _messages(body[param], param)
-        count, rendered, exact = _chat_prompt(body, messages, counter)
-        if media := sum(media_parts(message.get("content")) for message in messages):
-            rendered, exact = None, False  # the text's tokens only: the planner adds the media's
-        counts, ids = [count], (None if rendered is None else [rendered])
+        conversations = body[param] if path.endswith(BATCH_CHAT_SUFFIX) else [body[param]]
+        if not isinstance(conversations, list) or not conversations:  # the batch route's: one per prompt
+            raise _invalid(f"'{param}' must be a non-empty list of conversations", param)
+        counts, ids, exact, media = _chat_prompts(body, [_messages(c, param) for c in conversations], counter)
         if param == "input":
             output = _optional_int(body, "max_output_tokens")
         else:

@@ -40,7 +40,9 @@ from sidecar.server.wire import AnswerLength, error_response, forward_headers, r
 from sidecar.settings import ClientLimits
 from sidecar.units import MIB, parse_duration
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", MESSAGES_ROUTE})
+GENERATION_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/responses", MESSAGES_ROUTE}
+)
 """Routes whose requests occupy KV cache and go through admission."""
 
 OFFLOAD_BODY_BYTES = 64 * 1024
