@@ -168,6 +168,27 @@ def media_parts(content: Any) -> int:
     )
 
 
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+"""transformers' marker for the end of a message to continue (``continue_final_message_tag``)."""
+
+
+def _tagged(message: dict[str, Any]) -> dict[str, Any]:
+    """The final message with the tag after its (last) text, or a ``ValueError`` when it has none."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": content + CONTINUE_TAG}
+    if isinstance(content, list):
+        for index in range(len(content) - 1, -1, -1):
+            if isinstance(part := content[index], dict) and isinstance(part.get("text"), str):
+                tagged = [
+                    *content[:index],
+                    {**part, "text": part["text"] + CONTINUE_TAG},
+                    *content[index + 1 :],
+                ]
+                return {**message, "content": tagged}
+    raise ValueError("continue_final_message is set but the final message has no text to continue")
+
+
 def _shape_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
     """The message as vLLM hands it to a template of ``content_format`` (text parts only)."""
     texts = content_texts(message.get("content"))
@@ -246,12 +267,26 @@ class ChatTemplate:
         self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool,
         extra: dict[str, Any] | None,
     ) -> str:  # fmt: skip
-        """The prompt text vLLM would tokenize."""
+        """The prompt text vLLM would tokenize.
+
+        With ``continue_final_message`` (in ``extra``) the final message is left open, as transformers 5.19
+        leaves it (``render_jinja_template``, ``utils/chat_template_utils.py``): a tag appended to its text
+        marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
+        """
         variables = {**(extra or {}), **self._specials}
         shaped = [_shape_message(m, self.content_format) for m in messages]
-        return self._template.render(
+        continued = bool(variables.get("continue_final_message")) and bool(shaped)
+        if continued:
+            shaped[-1] = _tagged(shaped[-1])
+        text: str = self._template.render(
             messages=shaped, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )
+        if not continued:
+            return text
+        if CONTINUE_TAG.strip() not in text:
+            raise ValueError("the template drops the final message: vLLM refuses to continue it")
+        cut = text.rindex(CONTINUE_TAG.strip())
+        return text[:cut] if text[cut : cut + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:cut].rstrip()
 
     @classmethod
     def load(cls, directory: Path) -> ChatTemplate | None:

@@ -95,11 +95,21 @@ async def test_chat_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model
         [{"role": "user", "content": "一张显存足够装下模型权重的显卡"}, {"role": "assistant", "content": "ok"},
          {"role": "user", "content": [{"type": "text", "text": "def plan(model, gpu): return ledger"}]}],
     ]  # fmt: skip
+    prefill = [*chats[1], {"role": "assistant", "content": "The blocks run out and"}]  # continued, left open
+    options: list[dict[str, object]] = [{}] * len(chats) + [
+        {"continue_final_message": True, "add_generation_prompt": False},
+        {"chat_template_kwargs": {"add_generation_prompt": False}},  # the request's field wins over its copy
+        {
+            "add_generation_prompt": False,
+            "reasoning_effort": "low",
+            "documents": [{"title": "t", "text": "x"}],
+        },
+    ]
     async with aiohttp.ClientSession() as session:
-        for messages in chats:
-            body = {"model": "tiny", "messages": messages, "max_tokens": 1}
+        for messages, extra in zip([*chats, prefill, *chats[1:3]], options, strict=True):
+            body = {"model": "tiny", "messages": messages, "max_tokens": 1, **extra}
             status, _, payload = await _post(session, vllm_server.url + "/v1/chat/completions", body)
-            assert status == 200
+            assert status == 200, extra
             facts = request_facts("/v1/chat/completions", body, counter)
             assert facts.exact
-            assert facts.prompts == (payload["usage"]["prompt_tokens"],)
+            assert facts.prompts == (payload["usage"]["prompt_tokens"],), extra
