@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from sidecar.admission.body import template_kwargs, request_facts
+from sidecar.admission.body import request_facts, template_kwargs
 from sidecar.admission.tokens import load_counter
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
