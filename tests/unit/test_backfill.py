@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -26,6 +27,22 @@ def req(prompt: int, output: int, *, ignore_eos: bool = True) -> RequestFacts:
         exact=True,
         ignore_eos=ignore_eos,
         route="/v1/completions",
+    )
+
+
+def fresh_controller(
+    pool: PoolView, registry: CollectorRegistry | None = None, clock: Callable[[], float] = lambda: 100.0
+) -> AdmissionController:
+    """A ``capacity`` controller over ``pool`` whose engine page is fresh, ``max_model_len`` 1024."""
+    return AdmissionController(
+        AdmissionConfig(),
+        PressureDetector(PressureSettings(window=1.0)),
+        QueueSettings(),
+        AdmissionMetrics(registry or CollectorRegistry()),
+        clock=clock,
+        max_model_len=lambda: 1024,
+        pool=lambda: pool,
+        metrics_age=lambda _now: 0.0,
     )
 
 
@@ -77,16 +94,7 @@ def test_nothing_goes_ahead_of_a_head_whose_start_nobody_can_bound() -> None:
 async def test_a_short_request_goes_ahead_of_an_aged_head_that_waits_for_blocks() -> None:
     """Under overload an aged mid-size head held the lane while a sequence slot stayed empty."""
     now = [0.0]
-    controller = AdmissionController(
-        AdmissionConfig(),
-        PressureDetector(PressureSettings(window=1.0)),
-        QueueSettings(),
-        AdmissionMetrics(CollectorRegistry()),
-        clock=lambda: now[0],
-        max_model_len=lambda: 1024,
-        pool=lambda: POOL,
-        metrics_age=lambda _now: 0.0,
-    )
+    controller = fresh_controller(POOL, clock=lambda: now[0])
 
     async def admit(facts: RequestFacts) -> Ticket:
         return await controller.admit(replace(facts, tenant="t", wait_limit=60.0))

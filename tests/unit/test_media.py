@@ -17,18 +17,14 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import RequestFacts, request_facts
 from sidecar.admission.capacity import Demand
-from sidecar.admission.controller import AdmissionController, QueueSettings
-from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import Lane
 from sidecar.admission.outputs import MediaTokens
 from sidecar.admission.planner import CapacityPlanner
-from sidecar.admission.pressure import PressureDetector, PressureSettings
 from sidecar.admission.tickets import Ticket
 from sidecar.admission.tokens import EstimatingCounter, TokenizerCounter, load_counter, media_parts
-from sidecar.server.metrics import AdmissionMetrics
 from sidecar.server.wire import AnswerLength
-from tests.unit.test_backfill import req
+from tests.unit.test_backfill import fresh_controller, req
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -135,16 +131,7 @@ def test_an_estimating_counter_also_counts_media() -> None:
 async def test_a_released_answer_teaches_what_its_media_took(
     items: int, usage: int | None, bound: int | None
 ) -> None:
-    controller = AdmissionController(
-        AdmissionConfig(),
-        PressureDetector(PressureSettings(window=1.0)),
-        QueueSettings(),
-        AdmissionMetrics(CollectorRegistry()),
-        clock=lambda: 100.0,
-        max_model_len=lambda: 1024,
-        pool=lambda: POOL,
-        metrics_age=lambda now: 0.0,
-    )
+    controller = fresh_controller(POOL, CollectorRegistry())
     facts = replace(req(100, 16, ignore_eos=False), tenant="t", wait_limit=5.0, media_items=items, model="m")
     ticket = await controller.admit(facts)
     assert ticket.media_items == items

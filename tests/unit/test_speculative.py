@@ -15,11 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.capacity import CapacityLedger, Demand
-from sidecar.admission.controller import AdmissionController, QueueSettings
-from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.planner import CapacityPlanner
-from sidecar.admission.pressure import PressureDetector, PressureSettings
 from sidecar.admission.rates import Steps
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
@@ -27,11 +24,10 @@ from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.pool import admission_pool
 from sidecar.server.admin import layout_document
-from sidecar.server.metrics import AdmissionMetrics
 from sidecar.signals import parse_vllm_metrics
 from sidecar.signals.vllm import LIGHT, light_query, merge_light
 from tests.fake_vllm import AFTER_LOAD_PAGE, GPU_PAGE, PRESSURE_PAGE, V0_PAGE, page
-from tests.unit.test_backfill import req
+from tests.unit.test_backfill import fresh_controller, req
 
 SPEC_PAGE = "vllm-0.32.0-cpu-tiny-ngram-spec.prom"  # the real CPU server with n-gram drafting, k = 3
 
@@ -143,16 +139,7 @@ async def test_the_sample_metric_counts_what_was_learned(
     k: int, counted: bool, ignore_eos: bool, stream: int, usage: int
 ) -> None:
     registry = CollectorRegistry()
-    controller = AdmissionController(
-        AdmissionConfig(),
-        PressureDetector(PressureSettings(window=1.0)),
-        QueueSettings(),
-        AdmissionMetrics(registry),
-        clock=lambda: 100.0,
-        max_model_len=lambda: 1024,
-        pool=lambda: pool(k),
-        metrics_age=lambda now: 0.0,
-    )
+    controller = fresh_controller(pool(k), registry)
     facts = replace(req(24, 200, ignore_eos=ignore_eos), tenant="t", wait_limit=5.0)
     ticket = await controller.admit(facts)
     ticket.completion_tokens, ticket.counted = 40, counted

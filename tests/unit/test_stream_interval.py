@@ -16,17 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.admission.body import request_facts
-from sidecar.admission.controller import AdmissionController, QueueSettings
-from sidecar.admission.decide import AdmissionConfig
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.planner import CapacityPlanner
-from sidecar.admission.pressure import PressureDetector, PressureSettings
 from sidecar.admission.tokens import EstimatingCounter
 from sidecar.cli import build_parser
 from sidecar.errors import UsageError
-from sidecar.server.metrics import AdmissionMetrics
-from tests.unit.test_backfill import req
+from tests.unit.test_backfill import fresh_controller, req
 
 POOL = PoolView(blocks=15, block_size=128)
 SAMPLES = "kv_sidecar_output_length_samples_total"
@@ -80,16 +76,7 @@ def test_the_requests_stream_interval_is_read_where_vllm_reads_it(
 @pytest.mark.parametrize(("interval", "stream"), [(1, 1), (8, 0)])
 async def test_the_request_interval_travels_from_the_body_to_the_lesson(interval: int, stream: int) -> None:
     registry = CollectorRegistry()
-    controller = AdmissionController(
-        AdmissionConfig(),
-        PressureDetector(PressureSettings(window=1.0)),
-        QueueSettings(),
-        AdmissionMetrics(registry),
-        clock=lambda: 100.0,
-        max_model_len=lambda: 1024,
-        pool=lambda: POOL,
-        metrics_age=lambda now: 0.0,
-    )
+    controller = fresh_controller(POOL, registry)
     facts = replace(req(24, 200, ignore_eos=False), tenant="t", wait_limit=5.0, stream_interval=interval)
     ticket = await controller.admit(facts)
     ticket.completion_tokens, ticket.counted = 40, True
