@@ -132,8 +132,15 @@ def _is_ids(value: Any) -> bool:
     return isinstance(value, list) and all(type(t) is int for t in value)  # a bool is no token id
 
 
-def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[int, ...]] | None, bool]:
-    """Per prompt: token counts, token ids when known, and whether the counts are exact."""
+def _prompts(
+    prompt: Any, counter: TokenCounter, *, special: bool = True
+) -> tuple[list[int], list[tuple[int, ...]] | None, bool]:
+    """Per prompt: token counts, token ids when known, and whether the counts are exact.
+
+    Text is tokenized with the tokenizer's special tokens unless ``special`` is off (vLLM's completions
+    default ``add_special_tokens`` to true: a Llama-3 prompt gains its ``<|begin_of_text|>``); token ids are
+    taken as they are.
+    """
     if isinstance(prompt, str) or _is_ids(prompt):
         items: list[Any] = [prompt]
     elif isinstance(prompt, list) and prompt:
@@ -147,7 +154,7 @@ def _prompts(prompt: Any, counter: TokenCounter) -> tuple[list[int], list[tuple[
     exact = True
     for item in items:
         if isinstance(item, str):
-            tokens = counter.tokens(item)
+            tokens = counter.tokens(item, special=special)
             if tokens is None:
                 counts.append(counter.count(item))
                 ids, exact = None, False
@@ -212,7 +219,10 @@ def _completion_prompts(
         return [0] * embedded, None, False, embedded
     if "prompt" not in body:
         raise _invalid("'prompt' is required", "prompt")
-    counts, ids, exact = _prompts(body["prompt"], counter)
+    special = (
+        _optional(body, "add_special_tokens", coerce_bool, "a boolean") is not False
+    )  # vLLM's default: true
+    counts, ids, exact = _prompts(body["prompt"], counter, special=special)
     if isinstance(suffix := body.get("suffix"), str) and suffix:
         counts, ids, exact = [count + counter.count(suffix) for count in counts], None, False
     if embedded:
@@ -270,6 +280,7 @@ def _chat_prompt(
             tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
             add_generation_prompt=body.get("add_generation_prompt", True) is not False,
             extra=template_kwargs(body),
+            special=_optional_bool(body, "add_special_tokens"),  # vLLM's chat default: false
         )
         if rendered is not None:
             return len(rendered), tuple(rendered), True

@@ -66,8 +66,8 @@ class TokenCounter(Protocol):
         """Tokens in ``text``."""
         ...
 
-    def tokens(self, text: str) -> list[int] | None:
-        """The token ids of ``text``, or ``None`` when the counter only estimates."""
+    def tokens(self, text: str, *, special: bool = False) -> list[int] | None:
+        """The token ids of ``text`` (``special``: with its BOS and such), ``None`` when only estimating."""
         ...
 
     def chat_tokens(
@@ -77,6 +77,7 @@ class TokenCounter(Protocol):
         tools: list[Any] | None = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
+        special: bool = False,
     ) -> list[int] | None:
         """The token ids of a chat rendered through the model's template, or ``None`` when it cannot."""
         ...
@@ -98,7 +99,7 @@ class EstimatingCounter:
         other_bytes = len(text.encode("utf-8")) - cjk_bytes - digits
         return cjk + digits + math.ceil(other_bytes / BYTES_PER_TOKEN)
 
-    def tokens(self, text: str) -> list[int] | None:
+    def tokens(self, text: str, *, special: bool = False) -> list[int] | None:
         """An estimate has no token ids."""
         return None
 
@@ -109,6 +110,7 @@ class EstimatingCounter:
         tools: list[Any] | None = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
+        special: bool = False,
     ) -> list[int] | None:
         """An estimate cannot render a template."""
         return None
@@ -336,9 +338,9 @@ class TokenizerCounter:
         """Tokens in ``text`` (no special tokens added)."""
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def tokens(self, text: str) -> list[int] | None:
-        """The token ids of ``text`` (no special tokens added)."""
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+    def tokens(self, text: str, *, special: bool = False) -> list[int] | None:
+        """The token ids of ``text``; ``special``: with the tokenizer's post-processor (a BOS, say)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=special).ids)
 
     def chat_tokens(
         self,
@@ -347,6 +349,7 @@ class TokenizerCounter:
         tools: list[Any] | None = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
+        special: bool = False,
     ) -> list[int] | None:
         """The chat rendered through the model's template and tokenized; ``None`` without a template."""
         if self._template is None:
@@ -355,7 +358,7 @@ class TokenizerCounter:
             text = self._template.render(messages, tools, add_generation_prompt, extra)
         except Exception:  # noqa: BLE001 - a template may raise anything on unusual messages
             return None
-        return self.tokens(text)
+        return self.tokens(text, special=special)
 
 
 def load_counter(model: str | None) -> TokenCounter:
