@@ -33,9 +33,9 @@ from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
 T = TypeVar("T")
 
 CHAT_MESSAGE_OVERHEAD = 8
+"""Estimated template tokens per chat message when the template cannot be rendered (ChatML uses 5)."""
 BATCH_CHAT_SUFFIX = "/chat/completions/batch"
 """vLLM 0.32's batch route: ``messages`` is a list of conversations, each a prompt of its own."""
-"""Estimated template tokens per chat message when the template cannot be rendered (ChatML uses 5)."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """vLLM's ``CompletionRequest.max_tokens`` default."""
 MAX_PROMPT_ITEMS = 100_000
@@ -219,10 +219,8 @@ def _completion_prompts(
         return [0] * embedded, None, False, embedded
     if "prompt" not in body:
         raise _invalid("'prompt' is required", "prompt")
-    special = (
-        _optional(body, "add_special_tokens", coerce_bool, "a boolean") is not False
-    )  # vLLM's default: true
-    counts, ids, exact = _prompts(body["prompt"], counter, special=special)
+    special = _optional(body, "add_special_tokens", coerce_bool, "a boolean")  # vLLM's default: true
+    counts, ids, exact = _prompts(body["prompt"], counter, special=special is not False)
     if isinstance(suffix := body.get("suffix"), str) and suffix:
         counts, ids, exact = [count + counter.count(suffix) for count in counts], None, False
     if embedded:

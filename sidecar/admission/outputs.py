@@ -50,7 +50,7 @@ class OutputSettings:
     trusted_samples: int = 20
     window: int = 256
     small_sample_margin: float = 1.25
-    stream_interval: int = 1  # the engine's --stream-interval: tokens a streamed event holds (at most)
+    stream_interval: int = 1  # the engine's --stream-interval: the tokens vLLM gathers into one event
 
     def __post_init__(self) -> None:
         if self.stream_interval < 1:
@@ -150,6 +150,7 @@ class MediaTokens:
 
     Media items: a chat's images, audio and video, and a completion's ``prompt_embeds`` (a prompt each, of
     as many tokens as the tensor has rows).
+
     The model's processor expands each media part into placeholder tokens that hold KV blocks like any
     prompt token, as many as the item's size and the processor say (vLLM 0.32.0: ``_get_prompt_updates`` of
     each model's processor, e.g. ``qwen2_vl.py``), which the sidecar cannot count. An answer's

@@ -43,7 +43,7 @@ class Ticket:
     counted: bool = False  # completion_tokens counts a stream's events (no usage): one may hold more tokens
     stream_interval: int = 1  # the request's ``stream_interval``: vLLM streams an event per that many tokens
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
-    media_items: int = 0  # a chat's images, audio and video (their tokens are learned from ``usage``)
+    media_items: int = 0  # images, audio, video, prompt embeddings (their tokens learned from ``usage``)
     prompt_usage: int | None = None  # the answer's ``usage.prompt_tokens``, when the proxy could read it
 
     @classmethod
