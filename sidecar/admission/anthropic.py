@@ -52,6 +52,7 @@ def chat_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]
         texts, items = _blocks(message.get("content"))
         media += items
         messages.append({"role": str(message.get("role", "user")), "content": "\n".join(texts)})
+    given = body.get("tools")
     tools = [
         {
             "type": "function",
@@ -61,7 +62,7 @@ def chat_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]
                 "parameters": tool.get("input_schema"),
             },
         }
-        for tool in body.get("tools") or []
+        for tool in (given if isinstance(given, list) else [])
         if isinstance(tool, dict)
     ]
     return messages, tools or None, media

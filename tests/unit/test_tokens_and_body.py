@@ -153,7 +153,24 @@ def test_fuzz_body_decoding_raises_only_refusals(raw: bytes) -> None:
     )
 )
 def test_fuzz_json_shapes_raise_only_refusals(value: object) -> None:
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
-        for body in ({"prompt": value, "messages": value, "input": value, "max_tokens": value, "n": value},):
+    fields = (
+        "prompt", "messages", "input", "max_tokens", "n", "system", "tools", "prompt_embeds", "suffix",
+        "cache_salt", "stream_interval", "continue_final_message", "documents", "reasoning_effort",
+        "chat_template_kwargs", "add_special_tokens",
+    )  # fmt: skip
+    routes = (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/batch",
+        "/v1/responses",
+        "/v1/messages",
+    )
+    chat = [{"role": "user", "content": "hi"}]
+    for path in routes:
+        for body in (
+            dict.fromkeys(fields, value),
+            {"prompt": "hi", "messages": [chat] if path.endswith("batch") else chat, "input": "hi"}
+            | {field: value for field in fields[3:]},
+        ):
             with contextlib.suppress(RefusedError):
                 request_facts(path, decode_json_body(json.dumps(body).encode()), COUNTER)
