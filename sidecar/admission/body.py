@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
 from sidecar.admission.outcomes import Reason, RefusedError
-from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
+from sidecar.admission.tokens import TokenCounter, content_texts, media_parts, template_kwargs
 
 T = TypeVar("T")
 
@@ -185,6 +185,30 @@ def _chat_prompts(
     return counts, ids, exact, media
 
 
+def _chat_request(
+    path: str, body: dict[str, Any], counter: TokenCounter
+) -> tuple[list[int], list[tuple[int, ...]] | None, bool, int]:
+    """A chat, a batch of chats or a Responses request: its prompts as vLLM builds their messages.
+
+    The Responses API's ``instructions`` lead as a system message, and a stored conversation it is told
+    to continue (``previous_response_id``, ``previous_input_messages``) is prepended, unseen here: one
+    item the planner learns from usage (``construct_input_messages``, ``responses/utils.py``).
+    """
+    param = "input" if path.endswith("/responses") else "messages"
+    if param not in body:
+        raise _invalid(f"'{param}' is required", param)
+    conversations = body[param] if path.endswith(BATCH_CHAT_SUFFIX) else [body[param]]
+    if not isinstance(conversations, list) or not conversations:  # the batch route's: one per prompt
+        raise _invalid(f"'{param}' must be a non-empty list of conversations", param)
+    chats = [_messages(c, param) for c in conversations]
+    if param == "input" and isinstance(instructions := body.get("instructions"), str) and instructions:
+        chats = [[{"role": "system", "content": instructions}, *chats[0]]]
+    counts, ids, exact, media = _chat_prompts(body, chats, counter)
+    if param == "input" and (body.get("previous_response_id") or body.get("previous_input_messages")):
+        return counts, None, False, media + 1
+    return counts, ids, exact, media
+
+
 def _anthropic_prompt(
     body: dict[str, Any], counter: TokenCounter
 ) -> tuple[list[int], list[tuple[int, ...]] | None, int]:
@@ -250,21 +274,6 @@ def _messages(messages: Any, param: str) -> list[dict[str, Any]]:
             raise _invalid(f"every item of '{param}' must be an object with 'role' and 'content'", param)
         _content_text(message.get("content"))
     return messages
-
-
-def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """The template's variables as vLLM 0.32 builds them (``ChatCompletionRequest.build_chat_params``).
-
-    The client's ``chat_template_kwargs``, overridden by the request's own fields that are set:
-    ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
-    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
-    """
-    given = body.get("chat_template_kwargs")  # the request's add_generation_prompt wins over its copy here
-    user = {k: v for k, v in given.items() if k != "add_generation_prompt"} if isinstance(given, dict) else {}
-    own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
-    if own["reasoning_effort"] is not None and "enable_thinking" not in user:
-        own["enable_thinking"] = own["reasoning_effort"] != "none"
-    return user | {key: value for key, value in own.items() if value not in (None, "auto")}
 
 
 def _chat_prompt(
@@ -343,14 +352,8 @@ def request_facts(
         counts, ids, media = _anthropic_prompt(body, counter)
         exact, output = False, _optional_int(body, "max_tokens")  # a near count: never a 400 (anthropic.py)
     elif path.endswith(("/chat/completions", BATCH_CHAT_SUFFIX, "/responses")):
-        param = "input" if path.endswith("/responses") else "messages"
-        if param not in body:
-            raise _invalid(f"'{param}' is required", param)
-        conversations = body[param] if path.endswith(BATCH_CHAT_SUFFIX) else [body[param]]
-        if not isinstance(conversations, list) or not conversations:  # the batch route's: one per prompt
-            raise _invalid(f"'{param}' must be a non-empty list of conversations", param)
-        counts, ids, exact, media = _chat_prompts(body, [_messages(c, param) for c in conversations], counter)
-        if param == "input":
+        counts, ids, exact, media = _chat_request(path, body, counter)
+        if path.endswith("/responses"):
             output = _optional_int(body, "max_output_tokens")
         else:
             output = _optional_int(body, "max_completion_tokens")

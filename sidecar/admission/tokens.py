@@ -170,6 +170,21 @@ def media_parts(content: Any) -> int:
     )
 
 
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """The template's variables as vLLM 0.32 builds them (``ChatCompletionRequest.build_chat_params``).
+
+    The client's ``chat_template_kwargs``, overridden by the request's own fields that are set:
+    ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
+    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
+    """
+    given = body.get("chat_template_kwargs")  # the request's add_generation_prompt wins over its copy here
+    user = {k: v for k, v in given.items() if k != "add_generation_prompt"} if isinstance(given, dict) else {}
+    own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
+    if own["reasoning_effort"] is not None and "enable_thinking" not in user:
+        own["enable_thinking"] = own["reasoning_effort"] != "none"
+    return user | {key: value for key, value in own.items() if value not in (None, "auto")}
+
+
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 """transformers' marker for the end of a message to continue (``continue_final_message_tag``)."""
 

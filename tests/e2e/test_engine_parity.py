@@ -113,3 +113,24 @@ async def test_chat_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model
             facts = request_facts("/v1/chat/completions", body, counter)
             assert facts.exact
             assert facts.prompts == (payload["usage"]["prompt_tokens"],), extra
+
+
+async def test_responses_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model: Path) -> None:
+    """The Responses API's ``instructions`` lead as a system message (``construct_input_messages``)."""
+    counter = load_counter(str(tiny_model))
+    bodies: list[dict[str, Any]] = [
+        {"input": "the KV cache grows"},
+        {"input": "the KV cache grows", "instructions": "be brief"},
+        {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi there"}]}],
+            "instructions": "x",
+        },
+    ]
+    async with aiohttp.ClientSession() as session:
+        for extra in bodies:
+            body = {"model": "tiny", "max_output_tokens": 1, **extra}
+            status, _, payload = await _post(session, vllm_server.url + "/v1/responses", body)
+            assert status == 200, extra
+            facts = request_facts("/v1/responses", body, counter)
+            assert facts.exact
+            assert facts.prompts == (payload["usage"]["input_tokens"],), extra

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from sidecar.admission.body import request_facts, template_kwargs
-from sidecar.admission.tokens import load_counter
+from sidecar.admission.body import request_facts
+from sidecar.admission.tokens import load_counter, template_kwargs
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 ROUTE = "/v1/chat/completions"
@@ -79,3 +79,28 @@ def test_a_template_that_drops_the_final_message_falls_back_to_the_estimate(
     assert not request_facts(
         ROUTE, body, load_counter(str(tmp_path))
     ).exact  # vLLM refuses it: never a 400 here
+
+
+def test_the_responses_instructions_lead_as_a_system_message(model_dir: Path) -> None:  # noqa: F811
+    """vLLM's ``construct_input_messages`` puts ``instructions`` first; the sidecar counted ``input`` alone."""
+    counter = load_counter(str(model_dir))
+    responses = request_facts("/v1/responses", {"input": "the KV cache", "instructions": "be brief"}, counter)
+    chat = request_facts(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "the KV cache"},
+            ]
+        },
+        counter,
+    )
+    assert (responses.prompts, responses.prompt_ids, responses.exact) == (chat.prompts, chat.prompt_ids, True)
+
+
+@pytest.mark.parametrize(
+    "field", [{"previous_response_id": "resp_1"}, {"previous_input_messages": [{"x": 1}]}]
+)
+def test_a_stored_conversation_is_an_item_only_usage_tells(model_dir: Path, field: dict[str, Any]) -> None:  # noqa: F811
+    facts = request_facts("/v1/responses", {"input": "the KV cache", **field}, load_counter(str(model_dir)))
+    assert (facts.exact, facts.prompt_ids, facts.media_items) == (False, None, 1)
