@@ -290,7 +290,7 @@ def _chat_prompt(
             special=_optional_bool(body, "add_special_tokens"),  # vLLM's chat default: false
         )
         if rendered is not None:
-            return len(rendered), tuple(rendered), True
+            return len(rendered), tuple(rendered), counter.chats_exact
     total = sum(counter.count(_content_text(m.get("content"))) + CHAT_MESSAGE_OVERHEAD for m in messages)
     return total, None, False
 

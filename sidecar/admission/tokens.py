@@ -61,6 +61,7 @@ class TokenCounter(Protocol):
     """Counts tokens; ``exact`` says whether it is the model's own tokenizer."""
 
     exact: bool
+    chats_exact: bool  # whether a chat's rendering is vLLM's (not for gpt-oss, which vLLM renders in Harmony)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``."""
@@ -86,7 +87,7 @@ class TokenCounter(Protocol):
 class EstimatingCounter:
     """The conservative estimate described in the module docstring."""
 
-    exact = False
+    exact = chats_exact = False
 
     def count(self, text: str) -> int:
         """Estimated tokens in ``text``."""
@@ -336,7 +337,7 @@ class TokenizerCounter:
 
     exact = True
 
-    def __init__(self, path: Path, template: ChatTemplate | None = None) -> None:
+    def __init__(self, path: Path, template: ChatTemplate | None = None, *, harmony: bool = False) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -348,6 +349,7 @@ class TokenizerCounter:
         except Exception as exc:  # noqa: BLE001 - the Rust binding raises a bare Exception
             raise ConfigError(f"cannot load {path}: {exc}") from None
         self._template = template
+        self.chats_exact = not harmony  # vLLM renders gpt-oss chats with openai_harmony, not this template
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
@@ -384,7 +386,12 @@ def load_counter(model: str | None) -> TokenCounter:
         candidate = directory / "tokenizer.json"
         if path.exists() and candidate.is_file():
             try:
-                return TokenizerCounter(candidate, ChatTemplate.load(directory))
+                config = json.loads((directory / "config.json").read_text())
+            except (OSError, ValueError):
+                config = {}
+            harmony = isinstance(config, dict) and config.get("model_type") == "gpt_oss"  # as vLLM decides
+            try:
+                return TokenizerCounter(candidate, ChatTemplate.load(directory), harmony=harmony)
             except ConfigError:
                 return EstimatingCounter()
     return EstimatingCounter()

@@ -104,3 +104,19 @@ def test_the_responses_instructions_lead_as_a_system_message(model_dir: Path) ->
 def test_a_stored_conversation_is_an_item_only_usage_tells(model_dir: Path, field: dict[str, Any]) -> None:  # noqa: F811
     facts = request_facts("/v1/responses", {"input": "the KV cache", **field}, load_counter(str(model_dir)))
     assert (facts.exact, facts.prompt_ids, facts.media_items) == (False, None, 1)
+
+
+def test_a_harmony_models_chats_are_rendered_but_never_exact(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    """vLLM 0.32 renders gpt-oss chats with openai_harmony (``is_harmony`` when ``model_type`` is ``gpt_oss``,
+    ``online_renderer.py``), not with the checkpoint's template: the sidecar's rendering may differ from vLLM's."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((model_dir / name).read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    body = {"messages": OPEN}
+    harmony = request_facts(ROUTE, body, load_counter(str(tmp_path)))
+    plain = request_facts(ROUTE, body, load_counter(str(model_dir)))
+    assert (harmony.exact, plain.exact) == (False, True)
+    assert (harmony.prompts, harmony.prompt_ids) == (
+        plain.prompts,
+        plain.prompt_ids,
+    )  # near; blocks still shared
