@@ -173,6 +173,11 @@ class MediaTokens:
         items = math.ceil(facts.media_items / max(1, len(facts.prompts)))  # a chat's all; an embedding each
         return tuple(min(max_model_len, p + items * per_item) for p in facts.prompts)
 
+    def wants(self, facts: RequestFacts) -> bool:
+        """Whether ``facts`` has media whose key has fewer than ``trusted_samples`` samples yet."""
+        samples = self.lengths.samples(facts.route, facts.model)
+        return facts.media_items > 0 and samples < self.lengths.settings.trusted_samples
+
     def learn(self, key: tuple[str, str], items: int, text_tokens: int, prompt_tokens: int) -> None:
         """An answer to ``items`` media and ``text_tokens`` of text said its prompt took ``prompt_tokens``."""
         if items > 0:

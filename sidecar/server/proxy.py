@@ -35,6 +35,7 @@ from sidecar.errors import KvSidecarError
 from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
 from sidecar.server.gateway import GatewayPage
 from sidecar.server.lifecycle import Lifecycle
+from sidecar.server.media_probe import teach_media_tokens
 from sidecar.server.metrics import ProxyMetrics
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.settings import ClientLimits
@@ -104,12 +105,8 @@ class Proxy:
         engine_retry_after: Callable[[], int],
         gateway_page: GatewayPage | None = None,
     ) -> None:
-        self.settings = settings
-        self.controller = controller
-        self.counter = counter
-        self.metrics = metrics
-        self.lifecycle = lifecycle
-        self.log = log
+        self.settings, self.controller, self.counter = settings, controller, counter
+        self.metrics, self.lifecycle, self.log = metrics, lifecycle, log
         self._engine_retry_after = engine_retry_after
         self._gateway_page = gateway_page
         self._base = settings.upstream.rstrip("/")
@@ -238,6 +235,8 @@ class Proxy:
                     account.record(Outcome.REFUSED, error.reason)
                     return error_response(error, request.path)
                 account.lane = self.controller.lane_of(facts)  # a request cancelled while queued counts here
+                media = self.controller.planner.media
+                await teach_media_tokens(self._session, self._base, request, body, facts=facts, media=media)
                 try:
                     ticket = await self.controller.admit(facts)
                 except AdmissionError as error:

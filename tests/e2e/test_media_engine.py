@@ -125,7 +125,7 @@ async def test_through_the_sidecar_images_are_planned_at_what_answers_said_they_
         assert app.controller.planner.media.planned(facts, 1024) == (1024,)  # nothing learned yet
         used = await chat(f"http://127.0.0.1:{app.proxy_port}", body([112, 112], 40))
         (bound,) = (await admission_status(app))["media_token_bounds"]  # type: ignore[misc]
-        assert bound["samples"] == 1
+        assert bound["samples"] == 2  # vLLM's count before it was admitted, and its answer's usage
         assert used <= app.controller.planner.media.planned(facts, 1024)[0] < 1024
     finally:
         await app.drain()
@@ -162,3 +162,30 @@ async def test_a_spike_of_image_chats_does_not_preempt_through_the_sidecar(
         await app.stop()
     print(f"\npreemptions: straight {straight}, through the sidecar {through}")
     assert through == 0
+
+
+async def test_a_streamed_chat_without_usage_is_counted_by_vllm_first(
+    vl_server: VllmServer, vl_model: Path
+) -> None:
+    """A chat stream carries no usage unless asked: the sidecar asks ``/tokenize`` for the count before it admits
+    the chat (until the key has 20 samples), so even stream-only clients' media get planned at their size."""
+    await wait_idle(vl_server.url)
+    used = await chat(vl_server.url, body([112, 56], 200))
+    app = await start_beside(vl_server.url, vl_model, tokenizer_model=str(vl_model))
+    assert app.proxy is not None
+    facts = request_facts(CHAT, body([112, 56], 210), app.proxy.counter)
+    try:
+        streamed = body([112, 56], 210, stream=True)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{app.proxy_port}" + CHAT, json=streamed) as response,
+        ):
+            assert response.status == 200
+            text = await response.text()
+        assert '"usage"' not in text  # nothing for the answer to teach
+        (bound,) = (await admission_status(app))["media_token_bounds"]  # type: ignore[misc]
+        assert bound["samples"] == 1
+        assert used <= app.controller.planner.media.planned(facts, 1024)[0] < 1024
+    finally:
+        await app.drain()
+        await app.stop()

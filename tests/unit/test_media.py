@@ -19,7 +19,7 @@ from sidecar.admission.body import RequestFacts, request_facts
 from sidecar.admission.capacity import Demand
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.outcomes import Lane
-from sidecar.admission.outputs import MediaTokens
+from sidecar.admission.outputs import MediaTokens, OutputLengths, OutputSettings
 from sidecar.admission.planner import CapacityPlanner
 from sidecar.admission.tickets import Ticket
 from sidecar.admission.tokens import EstimatingCounter, TokenizerCounter, load_counter, media_parts
@@ -164,3 +164,14 @@ def test_each_embedding_is_planned_at_its_own_learned_size() -> None:
     media.learn(("/v1/completions", "m"), 2, 0, 2 * 40)  # two prompts of 40 rows each: 40 an item, x 2.5
     facts = RequestFacts((0, 0, 3), 16, exact=False, route="/v1/completions", model="m", media_items=2)
     assert media.planned(facts, 1024) == (100, 100, 103)  # one item each (rounded up over three prompts)
+
+
+@pytest.mark.parametrize(
+    ("items", "samples", "wanted"), [(0, 0, False), (1, 0, True), (1, 19, True), (1, 20, False)]
+)
+def test_media_are_probed_until_usage_is_trusted(items: int, samples: int, wanted: bool) -> None:
+    media = MediaTokens(OutputLengths(OutputSettings()))
+    for _ in range(samples):
+        media.learn(("/v1/chat/completions", "m"), 1, 10, 60)
+    facts = RequestFacts((10,), 16, exact=False, route="/v1/chat/completions", model="m")
+    assert media.wants(replace(facts, media_items=items)) is wanted
