@@ -126,11 +126,12 @@ class AnswerLength:
 
     def feed(self, chunk: bytes) -> int | None:
         """Take one chunk; for a stream, the events per sequence so far."""
-        seam = self._tail[-4:] + chunk  # a ``data:`` split between two chunks is counted once
-        self._tail = (self._tail + chunk)[-_TAIL_BYTES:]
+        joined = self._tail + chunk
+        seam = max(0, len(self._tail) - 4)  # a ``data:`` split between two chunks is counted once
+        self._tail = joined[-_TAIL_BYTES:]
         if not self.stream:
             return None
-        self.events += seam.count(b"data:")
+        self.events += joined.count(b"data:", seam)
         return self.events // max(1, self.ticket.sequences)
 
     def completion_tokens(self) -> int | None:
