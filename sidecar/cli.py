@@ -28,11 +28,11 @@ from sidecar.budget import (
     resolve_model,
 )
 from sidecar.budget.catalog import ResolvedModel, resolve_model_source
+from sidecar.deployment_flags import add_deployment_flags, lora_slots_from_args
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.flags import (
     Parser,
     add_admission_flags,
-    add_deployment_flags,
     add_engine_flags,
     choice,
     engine_kind,
@@ -130,6 +130,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "enforce_eager": args.enforce_eager,
         "async_scheduling": args.async_scheduling,
         "cuda_graph_bytes": args.cuda_graph_memory,
+        "lora": lora_slots_from_args(args),
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,

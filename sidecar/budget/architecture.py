@@ -108,6 +108,7 @@ class Architecture:
     gated_mlp: bool = True  # gate, up and down projections (False: fc1 and fc2, as Falcon and GPT-2)
     norm_bias: bool = False  # LayerNorms with a bias (Falcon) rather than RMSNorms
     norms_per_layer: int = 2
+    class_name: str | None = None  # ``architectures[0]``: the model class vLLM builds (LoRA rules go by it)
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -330,7 +331,13 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         mla=mla,
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
+        class_name=_class_name(top),
     )
+
+
+def _class_name(top: Mapping[str, Any]) -> str | None:
+    names = top.get("architectures")
+    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -7,18 +7,18 @@ each, and one token costs ``2 x layers x KV heads x head size x KV bytes`` (MLA:
 ``window`` tokens of a sequence. Activation and framework overhead default to the seeds'
 0.5 GiB and 1.5 GiB.
 
-**vLLM's view** (what the engine will log at start-up): vLLM requests
-``ceil(gpu_memory x gpu_memory_utilization)``, subtracts weights, the activation peak of its
-profile run, non-torch memory and (from 0.20, unless eager) its CUDA-graph estimate, and turns the
-rest into a pool of whole blocks (``block_size`` tokens of every layer). The release
-(``vllm_version``) selects the defaults and which terms apply: :mod:`sidecar.budget.vllm_release`
-says which releases each rule holds for and where it was read. The pool in tokens and the
-"Maximum concurrency for N tokens per request" figure follow from it; a sliding-window layer needs
-at most ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks per
-request, a chunked local-attention layer (Llama 4) ``cdiv(min(chunk + max_num_batched_tokens,
-max_model_len), block)``. ``--kv-cache-memory-bytes`` and
-``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM (an overriding block holds
-one KV cache group's layers, half the layers of a model with one full and one sliding group:
+**vLLM's view** (what the engine will log at start-up): vLLM requests ``ceil(gpu_memory x
+gpu_memory_utilization)``, subtracts weights, the activation peak of its profile run, non-torch memory,
+(from 0.20, unless eager) its CUDA-graph estimate and, with ``--enable-lora``, the adapter slots it
+allocated with the weights (:mod:`sidecar.budget.lora`; the seeds' total counts them too), and turns the
+rest into a pool of whole blocks (``block_size`` tokens of every layer). The release (``vllm_version``)
+selects the defaults and which terms apply: :mod:`sidecar.budget.vllm_release` says which releases each rule
+holds for and where it was read. The pool in tokens and the "Maximum concurrency for N tokens per request"
+figure follow from it; a sliding-window layer needs at most ``cdiv(min(window - 1 + max_num_batched_tokens,
+max_model_len), block) + 1`` blocks per request, a chunked local-attention layer (Llama 4) ``cdiv(min(chunk
++ max_num_batched_tokens, max_model_len), block)``. ``--kv-cache-memory-bytes`` and
+``--num-gpu-blocks-override`` replace the computed pool, as they do in vLLM (an overriding block holds one
+KV cache group's layers, half the layers of a model with one full and one sliding group:
 :mod:`sidecar.budget.kv_groups`).
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
@@ -56,6 +56,7 @@ from sidecar.budget.dtypes import (
 )
 from sidecar.budget.experts import ExpertPlacement, expert_placement
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
+from sidecar.budget.lora import LoraSlots, lora_graph_copies, lora_slot_bytes
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
@@ -65,6 +66,7 @@ from sidecar.budget.profile import (
     loaded_weights_per_gpu,
     paper_weights_per_gpu,
 )
+from sidecar.budget.refusals import check_as_vllm_does
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB
@@ -115,6 +117,7 @@ class PlanRequest:
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
+    lora: LoraSlots | None = None  # vLLM --enable-lora: adapter slots (:mod:`sidecar.budget.lora`)
 
     def __post_init__(self) -> None:
         positive = {
@@ -142,34 +145,7 @@ class PlanRequest:
                 f"unknown KV cache dtype {self.kv_cache_dtype!r}: use auto, bf16, fp16, fp8, int8, int4"
             )
         weight_bytes_per_param(self.effective_weight_dtype)  # validates
-        self._check_as_vllm_does()
-
-    def _check_as_vllm_does(self) -> None:
-        """Settings vLLM refuses to start with (``vllm/config/model.py``, 0.8 to 0.32 alike).
-
-        ``verify_with_parallel_config``: the attention heads must divide by the TP size (KV heads need
-        not: they are replicated). ``_get_and_verify_max_len``: ``--max-model-len`` above the length
-        the config derives is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``.
-        """
-        arch, tp = self.architecture, self.tensor_parallel_size
-        if arch.num_attention_heads % tp:
-            fits = [n for n in (1, 2, 4, 8, 16) if arch.num_attention_heads % n == 0]
-            raise UsageError(
-                f"vLLM refuses --tensor-parallel-size {tp}: the model's {arch.num_attention_heads} attention "
-                f"heads must divide by it; use {', '.join(map(str, fits))}"
-            )
-        if self.pipeline_parallel_size > arch.num_layers:
-            raise UsageError(
-                f"--pipeline-parallel-size {self.pipeline_parallel_size} leaves a stage without layers: "
-                f"the model has {arch.num_layers}"
-            )
-        derived, wanted = arch.derived_max_model_len, self.max_model_len
-        if wanted and derived and wanted > derived and not self.allow_long_max_model_len:
-            raise UsageError(
-                f"vLLM refuses --max-model-len {wanted}: the model's config derives {derived:,} "
-                "(max_position_embeddings, RoPE scaling); lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
-                "for vLLM and the sidecar"
-            )
+        check_as_vllm_does(self)
 
     @property
     def release(self) -> VllmRelease:
@@ -213,7 +189,9 @@ class PlanRequest:
         """CUDA-graph memory the release takes off the KV budget (0 before 0.20 or when eager)."""
         if not self.release.subtracts_cuda_graphs(enforce_eager=self.enforce_eager):
             return 0
-        return DEFAULT_CUDA_GRAPH_BYTES if self.cuda_graph_bytes is None else self.cuda_graph_bytes
+        if self.cuda_graph_bytes is not None:
+            return self.cuda_graph_bytes
+        return DEFAULT_CUDA_GRAPH_BYTES * lora_graph_copies(self.lora, self.release)
 
     @property
     def effective_weight_dtype(self) -> str:
@@ -255,6 +233,7 @@ class Ledger:
     )  # the budget and vLLM's non-KV terms (bytes per GPU)
     profile_batch: tuple[int, int] = (0, 0)  # the profile run's (tokens, sequences)
     stages: tuple[PipelineStage, ...] = ()  # pipeline parallel: each stage; ``profile`` is the smallest's
+    lora_bytes: int = 0  # LoRA adapter slots (vLLM --enable-lora), in the total and vLLM's profile
 
     @property
     def headroom_bytes(self) -> int:
@@ -303,6 +282,33 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     return full_blocks
 
 
+def _verdict(request: PlanRequest, total: int, max_concurrency: float) -> Verdict:
+    memory = request.gpu_memory_bytes
+    if total > memory or max_concurrency < 1:
+        return Verdict.DOES_NOT_FIT
+    if memory - total < TIGHT_HEADROOM_FRACTION * memory or max_concurrency < request.concurrency:
+        return Verdict.TIGHT
+    return Verdict.FITS
+
+
+def _vllm_profile(request: PlanRequest, params: int, activation: int, lora: int) -> dict[str, int]:
+    """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots only when enabled)."""
+    non_torch = request.non_torch_bytes
+    if non_torch is None:
+        gpu = hopper_or_blackwell(request.gpu)
+        non_torch = request.release.non_torch_bytes(request.tensor_parallel_size, hopper_or_blackwell=gpu)
+    profile = {
+        "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
+        "weights": loaded_weights_per_gpu(request, params),
+        "activation": activation,
+        "non_torch": non_torch,
+        "cuda_graphs": request.effective_cuda_graph_bytes,
+    }
+    if request.lora:
+        profile["lora"] = lora
+    return profile
+
+
 def build_ledger(request: PlanRequest) -> Ledger:
     """Compute the ledger, vLLM's pool and the verdict for ``request``."""
     arch = request.architecture
@@ -315,20 +321,11 @@ def build_ledger(request: PlanRequest) -> Ledger:
     weights = paper_weights_per_gpu(request, params)
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
-    total = weights + round(kv_total) + activation + request.overhead_bytes
+    lora = lora_slot_bytes(request, request.lora) if request.lora else 0
+    total = weights + round(kv_total) + activation + request.overhead_bytes + lora
 
     tokens, seqs = request.effective_batch
-    profile = {
-        "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
-        "weights": loaded_weights_per_gpu(request, params),
-        "activation": activation,
-        "non_torch": request.release.non_torch_bytes(
-            request.tensor_parallel_size, hopper_or_blackwell=hopper_or_blackwell(request.gpu)
-        )
-        if request.non_torch_bytes is None
-        else request.non_torch_bytes,
-        "cuda_graphs": request.effective_cuda_graph_bytes,
-    }
+    profile = _vllm_profile(request, params, activation, lora)
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
@@ -354,12 +351,14 @@ def build_ledger(request: PlanRequest) -> Ledger:
         limiting = min(stages, key=lambda stage: stage.pool_blocks)  # the engine takes the smallest
         weights = round(weights * limiting.weights / max(1, profile["weights"]))
         profile.update(weights=limiting.weights, activation=limiting.activation)
+        if request.lora:
+            profile["lora"] = lora = limiting.lora
         pool, pool_blocks = max(0, requested - sum(profile.values())), limiting.pool_blocks
         share = limiting.kv_layers / max(1, sum(k is not LayerKind.NONE for k in kinds))
         num_blocks, activation = pool_blocks, limiting.activation
         per_token, per_sequence = per_token * share, per_sequence * share
         kv_total = request.concurrency * per_sequence
-        total = weights + round(kv_total) + activation + request.overhead_bytes
+        total = weights + round(kv_total) + activation + request.overhead_bytes + lora
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
     if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding + groups.chunked > 0):
@@ -367,15 +366,6 @@ def build_ledger(request: PlanRequest) -> Ledger:
     else:
         pool_tokens = num_blocks * request.block_size
 
-    if total > request.gpu_memory_bytes or max_concurrency < 1:
-        verdict = Verdict.DOES_NOT_FIT
-    elif (
-        request.gpu_memory_bytes - total < TIGHT_HEADROOM_FRACTION * request.gpu_memory_bytes
-        or max_concurrency < request.concurrency
-    ):
-        verdict = Verdict.TIGHT
-    else:
-        verdict = Verdict.FITS
     return Ledger(
         request=request,
         parameters=params,
@@ -385,13 +375,14 @@ def build_ledger(request: PlanRequest) -> Ledger:
         weights_bytes=weights,
         activation_bytes=activation,
         overhead_bytes=request.overhead_bytes,
+        lora_bytes=lora,
         total_bytes=total,
         gpu_memory_bytes=request.gpu_memory_bytes,
         kv_pool_bytes=pool,
         kv_pool_tokens=pool_tokens,
         kv_pool_blocks=pool_blocks,
         max_concurrency=max_concurrency,
-        verdict=verdict,
+        verdict=_verdict(request, total, max_concurrency),
         notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.lora import class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
 from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
@@ -46,6 +47,7 @@ def plan_notes(
             "each GPU keeps a full KV head (replicated)"
         )
     notes.extend(_stage_notes(request, stages))
+    notes.extend(_lora_notes(request))
     if request.release.counts_pinned_profile_segments():
         worst = PINNED_SEGMENTS_OBSERVED_BYTES[1] / GIB
         notes.append(
@@ -56,6 +58,26 @@ def plan_notes(
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)
+
+
+def _lora_notes(request: PlanRequest) -> list[str]:
+    """What the adapter slots cost and what the plan assumed about them."""
+    slots = request.lora
+    if slots is None:
+        return []
+    arch = request.architecture
+    notes = [
+        f"--enable-lora: {slots.max_loras} adapter slot(s) of rank {slots.max_lora_rank} in every wrapped "
+        "layer, allocated with the weights whether adapters are loaded or not"
+    ]
+    if not class_facts(arch.class_name).known:
+        notes.append(
+            f"vLLM's LoRA layout for {arch.class_name or 'this model'} is not in the table read from vLLM "
+            f"{lora_table_version()}: its adapter slots are planned Llama-shaped, without embedding slots"
+        )
+    if lora_graph_copies(slots, request.release) > 1 and request.cuda_graph_bytes is None:
+        notes.append("vLLM captures each CUDA graph with and without adapters: the graph estimate is doubled")
+    return notes
 
 
 def _stage_notes(request: PlanRequest, stages: tuple[PipelineStage, ...]) -> list[str]:

@@ -64,6 +64,7 @@ class PipelineStage:
     weights: int
     activation: int
     pool_blocks: int = 0  # blocks its memory holds; the engine's pool is the smallest
+    lora: int = 0  # LoRA adapter slots of its layers (:mod:`sidecar.budget.lora`)
 
 
 def stage_block_bytes(
@@ -98,9 +99,10 @@ def pipeline_stages(
         start += layers
         weights = rope + round(body * layers / len(kv_layers) + embedding * (int(first) + int(last)))
         activation = profile["activation"] if last else forward  # only the last stage samples
-        memory = max(0, requested - weights - activation - profile["non_torch"] - profile["cuda_graphs"])
+        lora = round(profile.get("lora", 0) * layers / len(kv_layers))  # slots in proportion to the layers
+        fixed = weights + activation + lora + profile["non_torch"] + profile["cuda_graphs"]
+        memory = max(0, requested - fixed)
         block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers))
-        out.append(
-            PipelineStage(index, layers, stage_kv, weights, activation, int(memory // block) if block else 0)
-        )
+        blocks = int(memory // block) if block else 0
+        out.append(PipelineStage(index, layers, stage_kv, weights, activation, blocks, lora=lora))
     return tuple(out)

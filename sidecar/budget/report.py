@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.budget.advice import Option
-from sidecar.budget.ledger import Ledger
+from sidecar.budget.ledger import Ledger, PlanRequest
 from sidecar.budget.pipeline import PipelineStage
 from sidecar.units import format_gib
 
@@ -27,6 +27,7 @@ def _figures(ledger: Ledger) -> dict[str, Any]:
         "weights_bytes": ledger.weights_bytes,
         "activation_bytes": ledger.activation_bytes,
         "overhead_bytes": ledger.overhead_bytes,
+        "lora_bytes": ledger.lora_bytes,
         "total_bytes": ledger.total_bytes,
         "gpu_memory_bytes": ledger.gpu_memory_bytes,
         "headroom_bytes": ledger.headroom_bytes,
@@ -66,6 +67,13 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "block_size": req.block_size,
         "max_num_seqs": req.effective_batch[1],
         "max_num_batched_tokens": req.effective_batch[0],
+        "lora": None
+        if req.lora is None
+        else {
+            "max_loras": req.lora.max_loras,
+            "max_lora_rank": req.lora.max_lora_rank,
+            "fully_sharded_loras": req.lora.fully_sharded,
+        },
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,
         "head_dim": arch.head_dim,
@@ -95,6 +103,7 @@ def _stage_to_dict(stage: PipelineStage) -> dict[str, int]:
         "layers": stage.layers,
         "weights_bytes": stage.weights,
         "activation_bytes": stage.activation,
+        "lora_bytes": stage.lora,
         "kv_pool_blocks": stage.pool_blocks,
     }
 
@@ -106,6 +115,13 @@ def _profile_line(ledger: Ledger) -> str:
     )
     tokens, sequences = ledger.profile_batch
     return f"    = {terms}  (profile batch: {tokens:,} tokens over {sequences:,} sequences)"
+
+
+def _lora_shape(request: PlanRequest) -> str:
+    slots = request.lora
+    assert slots is not None  # noqa: S101 - only called with LoRA on
+    sharded = ", fully sharded" if slots.fully_sharded else ""
+    return f"{slots.max_loras} x rank {slots.max_lora_rank}{sharded}"
 
 
 def render_table(ledger: Ledger, options: list[Option]) -> str:
@@ -126,6 +142,11 @@ def render_table(ledger: Ledger, options: list[Option]) -> str:
         f"({ledger.kv_bytes_per_token:,} B/token, {format_gib(ledger.kv_bytes_per_sequence)}/sequence)",
         f"  {'activation':<28}{format_gib(ledger.activation_bytes):>14}",
         f"  {'framework overhead':<28}{format_gib(ledger.overhead_bytes):>14}",
+        *(
+            [f"  {'LoRA adapter slots':<28}{format_gib(ledger.lora_bytes):>14}   ({_lora_shape(req)})"]
+            if req.lora
+            else []
+        ),
         f"  {'total':<28}{format_gib(ledger.total_bytes):>14}   "
         f"of {format_gib(ledger.gpu_memory_bytes)}, headroom {format_gib(ledger.headroom_bytes)}",
         "",

@@ -115,6 +115,7 @@ class Monitor:
                 engine_version=self.engine.version,
                 gpu_name=self.gpu.gpus[0].name if self.gpu.gpus else "nvml",
                 engine_count=len(snapshot.engines) if snapshot else None,  # data-parallel engines
+                engine_max_loras=snapshot.max_loras if snapshot else None,  # --enable-lora's slots
             )
             ledger = build_ledger(request) if request and request != self.request else self.ledger
             error: str | None = None

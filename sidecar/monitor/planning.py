@@ -17,6 +17,7 @@ from typing import Any
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
+from sidecar.budget.lora import LoraSlots
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.errors import UsageError
 from sidecar.settings import default_of
@@ -55,6 +56,7 @@ class PlanInputs:
     enforce_eager: bool = False
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
     cuda_graph_bytes: int | None = None
+    lora: LoraSlots | None = None  # --enable-lora; else the slots the page names, at vLLM's default rank
 
 
 def _parseable(version: str | None) -> str | None:
@@ -80,6 +82,7 @@ def resolve_plan_request(
     engine_version: str | None = None,
     gpu_name: str = "nvml",
     engine_count: int | None = None,
+    engine_max_loras: int | None = None,
 ) -> PlanRequest | None:
     """The request to predict with, or ``None`` when there is not enough to predict."""
     if inputs.architecture is None:
@@ -120,5 +123,6 @@ def resolve_plan_request(
         enforce_eager=inputs.enforce_eager,
         async_scheduling=inputs.async_scheduling,
         cuda_graph_bytes=inputs.cuda_graph_bytes,
+        lora=inputs.lora or (LoraSlots(max_loras=engine_max_loras) if engine_max_loras else None),
         **extra,
     )

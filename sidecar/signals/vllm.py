@@ -45,6 +45,10 @@ SPEC_POSITIONS: Final = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 start-up when speculative decoding is configured (vLLM 0.32.0 as installed, ``SpecDecodingProm`` in
 ``vllm/v1/spec_decode/metrics.py``): its positions say ``num_speculative_tokens``, which nothing else
 on the page says."""
+LORA_INFO: Final = "vllm:lora_requests_info"
+"""Present when vLLM serves with ``--enable-lora`` (0.32.0 as installed: ``PrometheusStatLogger`` creates it
+only with a LoRA config, ``vllm/v1/metrics/loggers.py``); its ``max_lora`` label is ``--max-loras``, the
+adapter slots the prediction budgets. Older releases showed it always, ``max_lora="0"`` when LoRA was off."""
 
 WANTED: Final = (
     KV_USAGE,
@@ -62,6 +66,7 @@ WANTED: Final = (
     CACHE_CONFIG,
     GENERATION_LENGTHS,
     SPEC_POSITIONS,
+    LORA_INFO,
 )
 """Every family the sidecar reads from a vLLM page."""
 
@@ -215,6 +220,7 @@ class EngineSnapshot:
     kv_usage_metric: str | None  # which name the KV usage came from; None when the page had neither
     kind: EngineKind = EngineKind.VLLM  # whose page it was
     speculative_tokens: int = 0  # draft tokens per step and sequence (:data:`SPEC_POSITIONS`); 0: none
+    max_loras: int | None = None  # vLLM --max-loras (``vllm:lora_requests_info``); None: no LoRA on the page
 
     @property
     def kv_usage(self) -> float | None:
@@ -276,6 +282,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
     usage_new: dict[str, float] = {}
     usage_old: dict[str, float] = {}
     positions: set[int] = set()
+    max_loras: int | None = None
     for sample in samples:
         engine = sample.label("engine", "0")
         model_name = model_name or sample.label("model_name") or None
@@ -294,6 +301,8 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
                     lengths[bound] = lengths.get(bound, 0.0) + sample.value  # one series per model name
         elif sample.name == SPEC_POSITIONS:
             positions.add(label_int(sample.label("position")) or 0)
+        elif sample.name == LORA_INFO:
+            max_loras = max(max_loras or 0, label_int(sample.label("max_lora")) or 0)
         elif sample.name == WAITING_BY_REASON:
             reasons = values["waiting_by_reason"]
             assert isinstance(reasons, dict)  # noqa: S101 - set just above
@@ -313,6 +322,7 @@ def snapshot_from_samples(samples: Iterable[Sample]) -> EngineSnapshot:
         cache_config=cache_config,
         kv_usage_metric=metric,
         speculative_tokens=max(positions) + 1 if positions else 0,
+        max_loras=max_loras,
     )
 
 

@@ -1,8 +1,9 @@
-"""The tables generated from transformers are current: regenerated here with the vLLM environment's transformers.
+"""The tables generated from transformers and vLLM are current: regenerated with the vLLM environment.
 
-``sidecar/budget/config_defaults.json`` (the defaults a config leaves out) and
-``tests/data/hf-configs/transformers-reference.json`` (how transformers reads each corpus config) are data the
-offline tiers use; if either drifted from what transformers says, these fail with the command to refresh it.
+``sidecar/budget/config_defaults.json`` (the defaults a config leaves out),
+``tests/data/hf-configs/transformers-reference.json`` (how transformers reads each corpus config) and
+``sidecar/budget/vllm_lora_classes.json`` (what vLLM's model classes declare about LoRA) are data the offline
+tiers use; if one drifted from its source, these fail with the command to refresh it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.mark.parametrize("script", ["gen_config_defaults.py", "transformers_reference.py"])
+@pytest.mark.parametrize(
+    "script", ["gen_config_defaults.py", "transformers_reference.py", "gen_vllm_lora_classes.py"]
+)
 def test_generated_from_transformers_and_current(vllm_env: Path, script: str) -> None:
     result = subprocess.run(
         [str(vllm_env), str(ROOT / "scripts" / script), "--check"],

@@ -16,7 +16,9 @@ import yaml
 
 from sidecar.admission.decide import AdmissionMode, OnPressure
 from sidecar.admission.pressure import StaleMode
+from sidecar.budget.lora import LORA_RANKS, LoraSlots
 from sidecar.cli import build_parser
+from sidecar.deployment_flags import lora_slots_from_args
 from sidecar.server import gateway
 
 ROOT = Path(__file__).parents[2]
@@ -45,6 +47,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                             "vllm": {"tensorParallelSize": 2, "pipelineParallelSize": 2}, "sidecar": {"gpu": "h100"}},
     "moe-data-parallel": {"model": {"name": "Qwen/Qwen3-30B-A3B"},
                           "vllm": {"dataParallelSize": 2, "enableExpertParallel": True}, "sidecar": {"gpu": "h100"}},
+    "lora": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "sidecar": {"gpu": "l4"},
+             "vllm": {"lora": {"enabled": True, "maxLoras": 4, "maxLoraRank": 64, "fullySharded": True}}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "streamInterval": 4,
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
@@ -145,7 +149,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     sidecar = flags(sidecar_args)
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-                 "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval"):  # fmt: skip
+                 "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
+                 "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -235,6 +240,8 @@ def test_pod_shape() -> None:
         {"vllm": {"tensorParallelSize": 0}},
         {"vllm": {"pipelineParallelSize": 0}},
         {"vllm": {"kvCacheDtype": "fp4"}},
+        {"vllm": {"lora": {"maxLoraRank": 48}}},
+        {"vllm": {"lora": {"maxLoras": 0}}},
         {"vllm": {"port": 70000}},
         {"sidecar": {"admission": {"onPressure": "drop"}}},
         {"sidecar": {"admission": {"pressureWindow": "soon"}}},
@@ -357,3 +364,15 @@ def test_the_schemas_choices_are_the_sidecars() -> None:
     assert set(admission["mode"]["enum"]) - {None} == set(AdmissionMode)
     assert set(admission["onPressure"]["enum"]) - {None} == set(OnPressure)
     assert set(admission["stalePolicy"]["enum"]) - {None} == set(StaleMode)
+    lora = json.loads((CHART / "values.schema.json").read_text())["properties"]["vllm"]["properties"]["lora"]
+    assert tuple(lora["properties"]["maxLoraRank"]["enum"]) == LORA_RANKS
+
+
+def test_lora_slots_reach_both_containers_and_the_sidecar_budgets_them() -> None:
+    pods = containers(render(VALUE_SETS["lora"]))
+    vllm, sidecar_args = flags(pods["vllm"]["args"]), pods["kv-sidecar"]["args"]
+    assert (vllm["--enable-lora"], vllm["--max-loras"], vllm["--max-lora-rank"]) == (True, "4", "64")
+    assert lora_slots_from_args(build_parser().parse_args(sidecar_args)) == LoraSlots(
+        4, 64, fully_sharded=True
+    )
+    assert "--enable-lora" not in flags(containers(render({}))["vllm"]["args"])

@@ -43,6 +43,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* LoRA adapter slots: the same flags for vLLM and the sidecar, whose prediction budgets the slots. */}}
+{{- define "kv-sidecar.loraArgs" -}}
+{{- if .Values.vllm.lora.enabled }}
+- --enable-lora
+- --max-loras
+- {{ .Values.vllm.lora.maxLoras | quote }}
+- --max-lora-rank
+- {{ .Values.vllm.lora.maxLoraRank | quote }}
+{{- if .Values.vllm.lora.fullySharded }}
+- --fully-sharded-loras
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* vLLM's arguments, from the one values block. */}}
 {{- define "kv-sidecar.vllmArgs" -}}
 - --model
@@ -90,6 +104,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --stream-interval
 - {{ . | quote }}
 {{- end }}
+{{- include "kv-sidecar.loraArgs" . }}
 {{- if .Values.vllm.enablePrefixCaching }}
 - --enable-prefix-caching
 {{- end }}
@@ -142,6 +157,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --stream-interval
 - {{ . | quote }}
 {{- end }}
+{{- include "kv-sidecar.loraArgs" . }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
 - --weight-dtype
 - {{ . | quote }}

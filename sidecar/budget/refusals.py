@@ -1,0 +1,48 @@
+"""Settings vLLM refuses to start with: the planner refuses them too, in one line that says what to change.
+
+* ``verify_with_parallel_config`` (``vllm/config/model.py``, 0.8 to 0.32 alike): the attention heads must
+  divide by the TP size (KV heads need not: they are replicated).
+* ``_get_and_verify_max_len`` (same file): ``--max-model-len`` above the length the config derives is refused
+  unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``.
+* A pipeline stage needs at least one layer (``get_pp_indices``, ``vllm/distributed/utils.py``).
+* ``--enable-lora`` on a model class without LoRA support, with an LM head adapter over too large a
+  vocabulary, or a fully sharded rank that the TP size does not divide
+  (:func:`sidecar.budget.lora.check_lora`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sidecar.budget.lora import check_lora
+from sidecar.errors import UsageError
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+_DIVISORS = (1, 2, 4, 8, 16)
+
+
+def check_as_vllm_does(request: PlanRequest) -> None:
+    """Raise :class:`UsageError` for a deployment vLLM would refuse to start."""
+    arch, tp = request.architecture, request.tensor_parallel_size
+    if arch.num_attention_heads % tp:
+        fits = [n for n in _DIVISORS if arch.num_attention_heads % n == 0]
+        raise UsageError(
+            f"vLLM refuses --tensor-parallel-size {tp}: the model's {arch.num_attention_heads} attention "
+            f"heads must divide by it; use {', '.join(map(str, fits))}"
+        )
+    if request.pipeline_parallel_size > arch.num_layers:
+        raise UsageError(
+            f"--pipeline-parallel-size {request.pipeline_parallel_size} leaves a stage without layers: "
+            f"the model has {arch.num_layers}"
+        )
+    derived, wanted = arch.derived_max_model_len, request.max_model_len
+    if wanted and derived and wanted > derived and not request.allow_long_max_model_len:
+        raise UsageError(
+            f"vLLM refuses --max-model-len {wanted}: the model's config derives {derived:,} "
+            "(max_position_embeddings, RoPE scaling); lower it, or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+            "for vLLM and the sidecar"
+        )
+    if request.lora is not None:
+        check_lora(arch, request.lora, tp)

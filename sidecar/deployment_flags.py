@@ -1,0 +1,175 @@
+"""The flags that describe a deployment (model, GPU, vLLM's settings), shared by ``plan``, ``run``, ``check``.
+
+Split from :mod:`sidecar.flags` (the engine, admission and scrape flags); :mod:`sidecar.cli` builds the parser
+from both and turns parsed flags into :class:`~sidecar.budget.ledger.PlanRequest` and
+:class:`~sidecar.monitor.planning.PlanInputs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
+from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
+from sidecar.budget.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS, LoraSlots
+from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
+from sidecar.errors import UsageError
+from sidecar.flags import choice
+from sidecar.settings import default_of
+from sidecar.units import parse_memory, parse_positive_int, parse_ratio
+
+
+def vllm_version(text: str) -> str:
+    """``--vllm-version``: normalised to ``major.minor.patch``."""
+    return str(VllmRelease.parse(text))
+
+
+def kv_dtype(text: str) -> str:
+    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3`` and ``fp8_e5m2`` are both 1-byte FP8)."""
+    value = normalise_dtype(text)
+    if value not in {"auto", *KV_DTYPES}:
+        raise UsageError(
+            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)} or fp8_e4m3/fp8_e5m2"
+        )
+    return value
+
+
+def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bool = False) -> None:
+    """Flags that describe the deployment: shared by ``plan``, ``run`` and ``check``.
+
+    With ``engine_fills_in`` (``run``, ``check``) the settings vLLM reports on its ``/metrics``
+    default to ``None``, so the engine's own value is used unless the flag is given.
+    """
+
+    def default(value: object) -> object:
+        return None if engine_fills_in else value
+
+    group = parser.add_argument_group("model and vLLM settings")
+    add = group.add_argument
+    add(
+        "--model",
+        help="Hugging Face id (read from the HF cache, else downloaded), model directory, config.json "
+        "or catalog id (qwen2.5-7b)",
+    )
+    add("--revision", help="the model's Hub revision, as vLLM's --revision: branch, tag or commit")
+    add(
+        "--gpu",
+        help="catalog GPU id: rtx3090, rtx4090, l4, a10, l40s, rtx-a6000, a100-40gb, a100-80gb, h100, h200",
+    )
+    add(
+        "--gpu-memory",
+        type=parse_memory,
+        help="GPU memory instead of --gpu: 24GiB (24G, 24Gi: the same, binary) or 80GB (10^9 bytes each)",
+    )
+    add(
+        "--weight-dtype",
+        type=choice("bf16", "fp16", "fp8", "int8", "int4"),
+        help="default: the checkpoint's",
+    )
+    add(
+        "--kv-cache-dtype",
+        type=kv_dtype,
+        default=default("auto"),
+        help="KV cache dtype: auto (the model's), bf16, fp16, fp8, int8, int4, or vLLM's spellings "
+        "(bfloat16, fp8_e4m3, fp8_e5m2, ...)",
+    )
+    add(
+        "--max-model-len",
+        type=parse_positive_int,
+        help="tokens per sequence (default: the model's or engine's)",
+    )
+    add(
+        "--concurrency",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "concurrency"),
+        help="sequences that must fit at full length (default %(default)s)",
+    )
+    add(
+        "--gpu-memory-utilization",
+        type=parse_ratio,
+        help="vLLM's share of GPU memory (default: the release's, 0.92 from vLLM 0.20, else 0.9)",
+    )
+    add(
+        "--tensor-parallel-size",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "tensor_parallel_size"),
+        help="GPUs per engine (default %(default)s)",
+    )
+    add(
+        "--pipeline-parallel-size",
+        type=parse_positive_int,
+        default=default_of(PlanRequest, "pipeline_parallel_size"),
+        help="pipeline stages, each of --tensor-parallel-size GPUs (default %(default)s)",
+    )
+    add(
+        "--data-parallel-size",
+        type=parse_positive_int,
+        default=default(default_of(PlanRequest, "data_parallel_size")),
+        help="vLLM engines of tensor x pipeline GPUs each, sharing a MoE's experts (default 1; run: as many "
+        "as the page reports)",
+    )
+    expert_help = "vLLM --enable-expert-parallel: each GPU holds whole experts, not a slice of each"
+    add("--enable-expert-parallel", action="store_true", help=expert_help)
+    block_default = default(DEFAULT_BLOCK_SIZE)
+    add("--block-size", type=parse_positive_int, default=block_default, help="tokens per KV block")
+    add(
+        "--vllm-version",
+        type=vllm_version,
+        default=None if engine_fills_in else NEWEST_MODELLED,
+        help=f"the vLLM release whose defaults and profiling rules apply (default {NEWEST_MODELLED}"
+        + (", or what the engine's /version says)" if engine_fills_in else ")"),
+    )
+    add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
+    add(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=default_of(PlanRequest, "async_scheduling"),  # not on the engine's page: never engine-filled
+        help="vLLM --[no-]async-scheduling: from 0.26 a sliding-window cap counts two batches in flight "
+        "with it (on by default on GPUs; vLLM's CPU platform turns it off)",
+    )
+    add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
+    add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
+    add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")
+    add("--kv-cache-memory", type=parse_memory, help="vLLM --kv-cache-memory-bytes: a fixed KV pool")
+    add("--num-gpu-blocks-override", type=parse_positive_int, help="vLLM --num-gpu-blocks-override")
+    add("--activation-memory", type=parse_memory, help="activation peak (default 0.5GiB, or estimated)")
+    add(
+        "--overhead-memory", type=parse_memory, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB"
+    )
+    add_lora_flags(group)
+
+
+def add_lora_flags(group: argparse._ArgumentGroup) -> None:
+    """VLLM's ``--enable-lora`` settings that size its adapter slots (:mod:`sidecar.budget.lora`)."""
+    add = group.add_argument
+    add("--enable-lora", action="store_true", help="vLLM --enable-lora: budget its adapter slots")
+    add(
+        "--max-loras",
+        type=parse_positive_int,
+        help=f"vLLM --max-loras: adapters in one batch, a slot each (default {DEFAULT_MAX_LORAS})",
+    )
+    add(
+        "--max-lora-rank",
+        type=parse_positive_int,
+        help=f"vLLM --max-lora-rank: {', '.join(map(str, LORA_RANKS))} (default {DEFAULT_MAX_LORA_RANK})",
+    )
+    add("--fully-sharded-loras", action="store_true", help="vLLM --fully-sharded-loras")
+
+
+def lora_slots_from_args(args: argparse.Namespace) -> LoraSlots | None:
+    """The adapter slots the flags describe, ``None`` without ``--enable-lora``."""
+    sizes = {
+        "--max-loras": args.max_loras,
+        "--max-lora-rank": args.max_lora_rank,
+        "--fully-sharded-loras": args.fully_sharded_loras,
+    }
+    given = [flag for flag, value in sizes.items() if value]
+    if not args.enable_lora:
+        if given:
+            raise UsageError(f"{given[0]} sizes LoRA adapter slots: add --enable-lora, as vLLM needs too")
+        return None
+    return LoraSlots(
+        max_loras=args.max_loras or DEFAULT_MAX_LORAS,
+        max_lora_rank=args.max_lora_rank or DEFAULT_MAX_LORA_RANK,
+        fully_sharded=args.fully_sharded_loras,
+    )

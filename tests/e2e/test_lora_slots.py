@@ -1,0 +1,70 @@
+"""The planner's LoRA slot memory equals, to the byte, what vLLM allocates when it loads a model with LoRA.
+
+Each case builds a tiny random model of one family (dense with and without embedding slots, QKV and gate-up
+fused on disk, two MoE layouts with a router and shared experts, DeepSeek's MLA with a dense first layer), loads
+it in vLLM 0.32 in-process with ``enable_lora`` (``lora_slots_probe.py``) and sums every LoRA buffer of the
+loaded model. Before ``sidecar/budget/lora.py`` the planner had no LoRA term at all (0 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.budget import load_architecture
+from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.lora import LoraSlots, lora_slot_bytes
+from sidecar.units import GIB
+
+pytestmark = pytest.mark.e2e
+PROBE = Path(__file__).with_name("lora_slots_probe.py")
+CASES = [  # (family, max_loras, max_lora_rank)
+    ("qwen2", 3, 16),  # the suite's tiny model: no embedding slots (Qwen2ForCausalLM lists none)
+    ("llama", 2, 8),  # embedding and LM head slots
+    ("phi3", 2, 16),  # QKV and gate-up fused on disk: one A slice each
+    ("olmo", 1, 8),  # packed projections inferred from the model's children
+    ("mixtral", 2, 8),  # routed experts and the router
+    ("qwen2moe", 3, 8),  # experts, a shared expert and its gate
+    ("deepseek", 2, 32),  # MLA projections, a dense first layer, a shared expert
+]
+
+
+def _probe(python: Path, *args: str) -> str:
+    result = subprocess.run(
+        [str(python), str(PROBE), *args], capture_output=True, text=True, timeout=900, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def measured(
+    vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Every case's model and what vLLM allocated for it, from one vLLM process."""
+    root = tmp_path_factory.mktemp("lora-models")
+    _probe(
+        vllm_env, "make", str(tiny_model), str(root), *(family for family, *_ in CASES if family != "qwen2")
+    )
+    models = {family: tiny_model if family == "qwen2" else root / family for family, *_ in CASES}
+    specs = [f"{models[family]}:{loras}:{rank}" for family, loras, rank in CASES]
+    lines = [x for x in _probe(vllm_env, "measure", *specs).splitlines() if x.startswith("LORA-SLOTS ")]
+    records = [json.loads(line.removeprefix("LORA-SLOTS ")) for line in lines]
+    return {family: (models[family], record) for (family, *_), record in zip(CASES, records, strict=True)}
+
+
+@pytest.mark.parametrize(("family", "max_loras", "rank"), CASES, ids=[case[0] for case in CASES])
+def test_slot_bytes_equal_what_vllm_allocates(
+    measured: dict[str, tuple[Path, dict[str, Any]]], family: str, max_loras: int, rank: int
+) -> None:
+    model, record = measured[family]
+    slots = LoraSlots(max_loras=max_loras, max_lora_rank=rank)
+    request = PlanRequest(
+        architecture=load_architecture(model), gpu_memory_bytes=24 * GIB, max_model_len=512, lora=slots
+    )
+    assert lora_slot_bytes(request, slots) == record["total"], record["buffers"]
+    assert build_ledger(request).profile["lora"] == record["total"]
