@@ -1,23 +1,24 @@
 """Alternatives that make a deployment fit: the seeds' "three directions", computed.
 
-Starting from a request that is ``tight`` or ``does-not-fit``, :func:`advise` tries, each on its
-own and in the seeds' combinations: an FP8 KV cache, INT8 or INT4 weights, both, fewer
-concurrent full-length sequences (the most that fit), a shorter context (the longest multiple
-of 1024 tokens that fits) and, when one card cannot hold the weights, more GPUs (tensor parallel
-2, 4 or 8, where vLLM accepts the size). It returns only the alternatives whose verdict is
-``fits``, each with the settings it changes, its own totals and a caveat where one applies (FP8
-KV on a GPU without FP8 hardware, or on a GPU the catalog does not know).
+Starting from a request that is ``tight`` or ``does-not-fit``, :func:`advise` tries, each on its own and in
+the seeds' combinations: an FP8 KV cache, INT8 or INT4 weights, both, fewer concurrent full-length sequences
+(the most that fit), a shorter context (the longest multiple of 1024 tokens that fits), with LoRA fewer
+adapter slots or a lower rank (the most that fit) and, when one card cannot hold the weights, more GPUs
+(tensor parallel 2, 4 or 8, where vLLM accepts the size). It returns only the alternatives whose verdict is
+``fits``, each with the settings it changes, its own totals and a caveat where one applies (FP8 KV on a GPU
+without FP8 hardware, or on a GPU the catalog does not know).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
 from sidecar.budget.catalog import find_gpu
 from sidecar.budget.dtypes import kv_bytes_per_element, weight_bytes_per_param
 from sidecar.budget.ledger import Ledger, PlanRequest, Verdict, build_ledger
+from sidecar.budget.lora import LORA_RANKS
 
 _CONTEXT_STEP: Final = 1024
 
@@ -57,7 +58,7 @@ def _more_gpus(request: PlanRequest, ledger: Ledger) -> list[Option]:
     return []
 
 
-def _largest_fitting(values: range, make: Callable[[int], PlanRequest]) -> PlanRequest | None:
+def _largest_fitting(values: Sequence[int], make: Callable[[int], PlanRequest]) -> PlanRequest | None:
     """``make(v)`` for the largest ``v`` in ``values`` whose plan fits, or ``None``."""
     best: PlanRequest | None = None
     low, high = 0, len(values) - 1
@@ -113,4 +114,24 @@ def advise(request: PlanRequest) -> list[Option]:
             options.append(
                 Option("shorter context", {"max_model_len": shorter.max_model_len}, build_ledger(shorter))
             )
-    return options + _more_gpus(request, current)
+    return options + _smaller_lora(request) + _more_gpus(request, current)
+
+
+def _smaller_lora(request: PlanRequest) -> list[Option]:
+    """With ``--enable-lora``: the most adapter slots that fit, and the highest rank that does."""
+    slots = request.lora
+    if slots is None:
+        return []
+    options: list[Option] = []
+    fewer = _largest_fitting(
+        range(1, slots.max_loras), lambda n: replace(request, lora=replace(slots, max_loras=n))
+    )
+    if fewer is not None and fewer.lora is not None:
+        changes: dict[str, str | int] = {"max_loras": fewer.lora.max_loras}
+        options.append(Option("fewer LoRA adapter slots", changes, build_ledger(fewer)))
+    ranks = [rank for rank in LORA_RANKS if rank < slots.max_lora_rank]
+    lower = _largest_fitting(ranks, lambda r: replace(request, lora=replace(slots, max_lora_rank=r)))
+    if lower is not None and lower.lora is not None:
+        changes = {"max_lora_rank": lower.lora.max_lora_rank}
+        options.append(Option("lower LoRA rank", changes, build_ledger(lower)))
+    return options

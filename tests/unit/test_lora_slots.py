@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from sidecar.budget.advice import advise
 from sidecar.budget.architecture import Architecture, architecture_from_config
-from sidecar.budget.ledger import PlanRequest, build_ledger
-from sidecar.budget.lora import LoraSlots, class_facts, lora_slot_bytes
+from sidecar.budget.ledger import PlanRequest, Verdict, build_ledger
+from sidecar.budget.lora import LORA_RANKS, LoraSlots, class_facts, lora_slot_bytes
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES
 from sidecar.cli import build_parser, plan_request_from_args
 from sidecar.deployment_flags import lora_slots_from_args
@@ -40,7 +41,8 @@ def arch(**changes: Any) -> Architecture:
 
 
 def request(architecture: Architecture, **changes: Any) -> PlanRequest:
-    return PlanRequest(architecture=architecture, gpu_memory_bytes=24 * GIB, max_model_len=4096, **changes)
+    settings: dict[str, Any] = {"gpu_memory_bytes": 24 * GIB, "max_model_len": 4096, **changes}
+    return PlanRequest(architecture=architecture, **settings)
 
 
 def per_layer(q: int, kv: int, inter: int, rank_a: int = RANK, row_out: int = H) -> int:
@@ -226,3 +228,23 @@ def test_the_engine_page_names_its_slots_and_run_budgets_them() -> None:
     without = resolve_plan_request(inputs, None, 4096, None, engine_max_loras=0)  # older pages: max_lora="0"
     assert without is not None
     assert without.lora is None
+
+
+def test_alternatives_offer_fewer_slots_or_a_lower_rank_that_fit() -> None:
+    qwen = request(arch(architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_hidden_layers=24,
+                        hidden_size=2048, intermediate_size=8192, max_position_embeddings=32768),
+                   max_model_len=32768, gpu_memory_bytes=8 * GIB, lora=LoraSlots(8, 256))  # fmt: skip
+    assert build_ledger(qwen).verdict is not Verdict.FITS
+    options = {option.description: option for option in advise(qwen)}
+    fewer, lower = options["fewer LoRA adapter slots"], options["lower LoRA rank"]
+    assert fewer.ledger.verdict is lower.ledger.verdict is Verdict.FITS
+    n, rank = fewer.changes["max_loras"], lower.changes["max_lora_rank"]
+    assert isinstance(n, int)
+    assert isinstance(rank, int)
+    assert 1 <= n < 8
+    assert rank in LORA_RANKS
+    assert rank < 256
+    # the most that fit: one more slot, or the next rank up, does not
+    assert build_ledger(replace(qwen, lora=LoraSlots(n + 1, 256))).verdict is not Verdict.FITS
+    next_rank = LORA_RANKS[LORA_RANKS.index(rank) + 1]
+    assert build_ledger(replace(qwen, lora=LoraSlots(8, next_rank))).verdict is not Verdict.FITS
