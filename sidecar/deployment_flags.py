@@ -16,7 +16,7 @@ from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.flags import choice
 from sidecar.settings import default_of
-from sidecar.units import parse_memory, parse_positive_int, parse_ratio
+from sidecar.units import GIB, parse_memory, parse_positive_int, parse_ratio
 
 
 def vllm_version(text: str) -> str:
@@ -136,7 +136,23 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     add(
         "--overhead-memory", type=parse_memory, default=default(DEFAULT_OVERHEAD_BYTES), help="default 1.5GiB"
     )
+    add(
+        "--cpu-offload-gb",
+        type=cpu_offload_gib,
+        help="vLLM --cpu-offload-gb: GiB of layer weights per GPU kept in CPU memory (a number, as vLLM's)",
+    )
     add_lora_flags(group)
+
+
+def cpu_offload_gib(text: str) -> int:
+    """``--cpu-offload-gb``: vLLM's non-negative number of GiB, as bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UsageError(f"invalid --cpu-offload-gb {text!r}: give GiB as vLLM takes them, e.g. 10 or 2.5")
+    return round(value * GIB)
 
 
 def add_lora_flags(group: argparse._ArgumentGroup) -> None:

@@ -8,8 +8,9 @@ each, and one token costs ``2 x layers x KV heads x head size x KV bytes`` (MLA:
 0.5 GiB and 1.5 GiB.
 
 **vLLM's view** (what the engine will log at start-up): vLLM requests ``ceil(gpu_memory x
-gpu_memory_utilization)``, subtracts weights, the activation peak of its profile run, non-torch memory,
-(from 0.20, unless eager) its CUDA-graph estimate and, with ``--enable-lora``, the adapter slots it
+gpu_memory_utilization)``, subtracts the weights (less what ``--cpu-offload-gb`` keeps in CPU memory:
+:func:`~sidecar.budget.profile.cpu_offloaded_bytes`), the activation peak of its profile run, non-torch
+memory, (from 0.20, unless eager) its CUDA-graph estimate and, with ``--enable-lora``, the adapter slots it
 allocated with the weights (:mod:`sidecar.budget.lora`; the seeds' total counts them too), and turns the
 rest into a pool of whole blocks (``block_size`` tokens of every layer). The release (``vllm_version``)
 selects the defaults and which terms apply: :mod:`sidecar.budget.vllm_release` says which releases each rule
@@ -64,6 +65,7 @@ from sidecar.budget.profile import (
     estimate_activation_bytes,
     hopper_or_blackwell,
     loaded_weights_per_gpu,
+    offloaded_weight_bytes,
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
@@ -117,6 +119,7 @@ class PlanRequest:
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
+    cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: layer weights kept in CPU memory, per GPU
     lora: LoraSlots | None = None  # vLLM --enable-lora: adapter slots (:mod:`sidecar.budget.lora`)
 
     def __post_init__(self) -> None:
@@ -228,9 +231,7 @@ class Ledger:
     max_concurrency: float
     verdict: Verdict
     notes: tuple[str, ...] = field(default=())
-    profile: dict[str, int] = field(
-        default_factory=dict
-    )  # the budget and vLLM's non-KV terms (bytes per GPU)
+    profile: dict[str, int] = field(default_factory=dict)  # the budget and vLLM's non-KV terms (bytes/GPU)
     profile_batch: tuple[int, int] = (0, 0)  # the profile run's (tokens, sequences)
     stages: tuple[PipelineStage, ...] = ()  # pipeline parallel: each stage; ``profile`` is the smallest's
     lora_bytes: int = 0  # LoRA adapter slots (vLLM --enable-lora), in the total and vLLM's profile
@@ -291,15 +292,20 @@ def _verdict(request: PlanRequest, total: int, max_concurrency: float) -> Verdic
     return Verdict.FITS
 
 
-def _vllm_profile(request: PlanRequest, params: int, activation: int, lora: int) -> dict[str, int]:
-    """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots only when enabled)."""
+def _vllm_profile(
+    request: PlanRequest, params: int, activation: int, lora: int, offload: int
+) -> dict[str, int]:
+    """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots only when enabled).
+
+    ``offload``: weights kept in CPU memory (``--cpu-offload-gb``), which the GPU does not hold.
+    """
     non_torch = request.non_torch_bytes
     if non_torch is None:
         gpu = hopper_or_blackwell(request.gpu)
         non_torch = request.release.non_torch_bytes(request.tensor_parallel_size, hopper_or_blackwell=gpu)
     profile = {
         "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
-        "weights": loaded_weights_per_gpu(request, params),
+        "weights": loaded_weights_per_gpu(request, params) - offload,
         "activation": activation,
         "non_torch": non_torch,
         "cuda_graphs": request.effective_cuda_graph_bytes,
@@ -318,14 +324,14 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
     per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds)
     params = parameter_count(arch)
-    weights = paper_weights_per_gpu(request, params)
+    weights = paper_weights_per_gpu(request, params) - (offload := offloaded_weight_bytes(request, params))
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
     lora = lora_slot_bytes(request, request.lora) if request.lora else 0
     total = weights + round(kv_total) + activation + request.overhead_bytes + lora
 
     tokens, seqs = request.effective_batch
-    profile = _vllm_profile(request, params, activation, lora)
+    profile = _vllm_profile(request, params, activation, lora, offload)
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
@@ -347,7 +353,10 @@ def build_ledger(request: PlanRequest) -> Ledger:
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
     if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None:
-        stages = pipeline_stages(request, profile, requested, group_block_bytes, groups.layers_per_group)
+        loaded = profile["weights"] + offload
+        stages = pipeline_stages(
+            request, profile, requested, group_block_bytes, groups.layers_per_group, loaded=loaded
+        )
         limiting = min(stages, key=lambda stage: stage.pool_blocks)  # the engine takes the smallest
         weights = round(weights * limiting.weights / max(1, profile["weights"]))
         profile.update(weights=limiting.weights, activation=limiting.activation)

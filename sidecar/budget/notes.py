@@ -48,6 +48,12 @@ def plan_notes(
         )
     notes.extend(_stage_notes(request, stages))
     notes.extend(_lora_notes(request))
+    if request.cpu_offload_bytes:
+        notes.append(
+            f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
+            "per GPU in CPU memory and reads them over PCIe at every step (slower decoding); the figures "
+            "above leave them out"
+        )
     if request.release.counts_pinned_profile_segments():
         worst = PINNED_SEGMENTS_OBSERVED_BYTES[1] / GIB
         notes.append(

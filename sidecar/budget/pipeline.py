@@ -38,8 +38,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.budget.architecture import LayerKind
-from sidecar.budget.dtypes import FLOAT_DTYPES, weight_bytes_per_param
-from sidecar.budget.profile import estimate_activation_bytes, rope_cache_bytes
+from sidecar.budget.profile import (
+    cpu_offloaded_bytes,
+    embedding_bytes_per_gpu,
+    estimate_activation_bytes,
+    layer_weight_bytes,
+    rope_cache_bytes,
+)
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -79,15 +84,22 @@ def stage_block_bytes(
 
 
 def pipeline_stages(
-    request: PlanRequest, profile: dict[str, int], requested: int, group_block: float, per_group: int
+    request: PlanRequest,
+    profile: dict[str, int],
+    requested: int,
+    group_block: float,
+    per_group: int,
+    *,
+    loaded: int,
 ) -> tuple[PipelineStage, ...]:
-    """Every stage's weights, activation and pool in blocks, from the whole model's profile terms."""
+    """Every stage's weights, activation and pool in blocks, from the whole model's profile terms.
+
+    ``loaded``: the whole model's weights on one GPU as loaded, before any CPU offload.
+    """
     arch = request.architecture
-    dtype = request.effective_weight_dtype
-    element = weight_bytes_per_param(dtype) if dtype in FLOAT_DTYPES else weight_bytes_per_param("bf16")
-    embedding = arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size  # one matrix
+    embedding = embedding_bytes_per_gpu(request)  # one matrix
     rope = rope_cache_bytes(request)  # every stage holds all of it
-    body = profile["weights"] - rope - embedding * (1 if arch.tie_word_embeddings else 2)  # layers, vision
+    body = layer_weight_bytes(request, loaded)  # layers, vision: each stage offloads from its own share
     forward = estimate_activation_bytes(request, samples=False)
     kv_layers = [kind is not LayerKind.NONE for kind in arch.layer_kinds]
     counts = stage_layer_counts(len(kv_layers), request.pipeline_parallel_size)
@@ -97,7 +109,9 @@ def pipeline_stages(
         first, last = index == 0, index == len(counts) - 1
         stage_kv = sum(kv_layers[start : start + layers])
         start += layers
-        weights = rope + round(body * layers / len(kv_layers) + embedding * (int(first) + int(last)))
+        share = body * layers / len(kv_layers)
+        kept = share - cpu_offloaded_bytes(request, share)
+        weights = rope + round(kept + embedding * (int(first) + int(last)))
         activation = profile["activation"] if last else forward  # only the last stage samples
         lora = round(profile.get("lora", 0) * layers / len(kv_layers))  # slots in proportion to the layers
         fixed = weights + activation + lora + profile["non_torch"] + profile["cuda_graphs"]

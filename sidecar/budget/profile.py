@@ -54,7 +54,7 @@ import math
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture
-from sidecar.budget.dtypes import WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
+from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.parameters import dense_mlp_width, embedding_parameter_count, expert_parameter_count
 from sidecar.budget.rope import FLOAT32_ROPE_TYPES
 
@@ -161,6 +161,39 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
         spread = experts * weight_bytes_per_param(dtype) * share
         return rope + round((quantised + embeddings * unquantised) / tp + spread)
     return rope + paper_weights_per_gpu(request, params)
+
+
+def embedding_bytes_per_gpu(request: PlanRequest) -> float:
+    """One vocabulary x hidden matrix on one GPU as loaded (16-bit under quantisation), split by TP."""
+    arch, dtype = request.architecture, request.effective_weight_dtype
+    element = weight_bytes_per_param(dtype if dtype in FLOAT_DTYPES else "bf16")
+    return arch.vocab_size * arch.hidden_size * element / request.tensor_parallel_size
+
+
+def layer_weight_bytes(request: PlanRequest, loaded: int) -> float:
+    """What of ``loaded`` the decoder layers (and a vision tower) hold: all but RoPE tables and embeddings."""
+    matrices = 1 if request.architecture.tie_word_embeddings else 2
+    return loaded - rope_cache_bytes(request) - embedding_bytes_per_gpu(request) * matrices
+
+
+def cpu_offloaded_bytes(request: PlanRequest, layer_bytes: float) -> int:
+    """Weights vLLM's ``--cpu-offload-gb`` keeps in CPU memory on one GPU: its layers', up to the budget.
+
+    ``make_layers`` passes each decoder layer to the offloader, which moves parameters, in order, while
+    fewer than ``cpu_offload_gb`` GiB are offloaded (``maybe_offload_to_cpu`` in
+    ``vllm/model_executor/models/utils.py``, 0.10.0 and 0.20.0; ``UVAOffloader._maybe_offload_to_cpu``,
+    ``model_executor/offloader/uva.py``, 0.32.0, which also takes a vision tower's): the embeddings and the
+    LM head stay. The parameter that crosses the budget goes whole, so up to one weight matrix more than the
+    budget leaves; not modelled.
+    """
+    return round(min(request.cpu_offload_bytes, max(0.0, layer_bytes)))
+
+
+def offloaded_weight_bytes(request: PlanRequest, params: int) -> int:
+    """:func:`cpu_offloaded_bytes` of the whole model on one GPU (0 without ``--cpu-offload-gb``)."""
+    if not request.cpu_offload_bytes:
+        return 0
+    return cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded_weights_per_gpu(request, params)))
 
 
 def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> int:

@@ -74,6 +74,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
             "max_lora_rank": req.lora.max_lora_rank,
             "fully_sharded_loras": req.lora.fully_sharded,
         },
+        "cpu_offload_bytes": req.cpu_offload_bytes,
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,
         "head_dim": arch.head_dim,

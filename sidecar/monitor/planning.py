@@ -57,6 +57,7 @@ class PlanInputs:
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
     cuda_graph_bytes: int | None = None
     lora: LoraSlots | None = None  # --enable-lora; else the slots the page names, at vLLM's default rank
+    cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb (its page does not say it)
 
 
 def _parseable(version: str | None) -> str | None:
@@ -124,5 +125,6 @@ def resolve_plan_request(
         async_scheduling=inputs.async_scheduling,
         cuda_graph_bytes=inputs.cuda_graph_bytes,
         lora=inputs.lora or (LoraSlots(max_loras=engine_max_loras) if engine_max_loras else None),
+        cpu_offload_bytes=inputs.cpu_offload_bytes,
         **extra,
     )

@@ -1,4 +1,5 @@
-"""LoRA adapter slots (``sidecar/budget/lora.py``): sizes per GPU by hand from vLLM 0.32's shapes, and refusals.
+"""LoRA adapter slots (``sidecar/budget/lora.py``): sizes per GPU by hand from vLLM 0.32's shapes, and refusals;
+and ``--cpu-offload-gb``, the other vLLM setting that changes what the weights leave of a GPU.
 
 The expected figures are written out from the tensor shapes in ``vllm/lora/layers/*.py`` (the module's theory
 of operation lists them), not from the module's own helpers; ``tests/e2e/test_lora_slots.py`` checks the same
@@ -17,9 +18,10 @@ from sidecar.budget.advice import advise
 from sidecar.budget.architecture import Architecture, architecture_from_config
 from sidecar.budget.ledger import PlanRequest, Verdict, build_ledger
 from sidecar.budget.lora import LORA_RANKS, LoraSlots, class_facts, lora_slot_bytes
+from sidecar.budget.profile import rope_cache_bytes
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES
 from sidecar.cli import build_parser, plan_request_from_args
-from sidecar.deployment_flags import lora_slots_from_args
+from sidecar.deployment_flags import cpu_offload_gib, lora_slots_from_args
 from sidecar.errors import UsageError
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request
 from sidecar.signals import parse_vllm_metrics
@@ -248,3 +250,28 @@ def test_alternatives_offer_fewer_slots_or_a_lower_rank_that_fit() -> None:
     assert build_ledger(replace(qwen, lora=LoraSlots(n + 1, 256))).verdict is not Verdict.FITS
     next_rank = LORA_RANKS[LORA_RANKS.index(rank) + 1]
     assert build_ledger(replace(qwen, lora=LoraSlots(8, next_rank))).verdict is not Verdict.FITS
+
+
+def test_cpu_offload_leaves_layer_weights_off_the_gpu_up_to_the_budget() -> None:
+    model = arch(num_hidden_layers=8)
+    base = request(model)
+    embeddings = 2 * VOCAB * H * 2  # both matrices stay (bf16), and the RoPE tables
+    layers = build_ledger(base).profile["weights"] - embeddings - rope_cache_bytes(base)
+    assert layers > GIB // 16
+    for budget, offloaded in ((GIB // 16, GIB // 16), (100 * GIB, layers)):  # at most every layer's weights
+        ledger = build_ledger(replace(base, cpu_offload_bytes=budget))
+        assert build_ledger(base).profile["weights"] - ledger.profile["weights"] == offloaded
+        assert build_ledger(base).weights_bytes - ledger.weights_bytes == offloaded
+        assert ledger.kv_pool_bytes - build_ledger(base).kv_pool_bytes == offloaded
+    staged = build_ledger(replace(base, pipeline_parallel_size=2, cpu_offload_bytes=GIB // 32))
+    whole = build_ledger(replace(base, pipeline_parallel_size=2))
+    assert [a.weights - b.weights for a, b in zip(whole.stages, staged.stages, strict=True)] == [
+        GIB // 32
+    ] * 2
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "nan", "10GiB"])
+def test_a_cpu_offload_vllm_would_not_take_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="--cpu-offload-gb"):
+        cpu_offload_gib(text)
+    assert cpu_offload_gib("2.5") == 5 * GIB // 2

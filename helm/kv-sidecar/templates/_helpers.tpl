@@ -43,8 +43,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* LoRA adapter slots: the same flags for vLLM and the sidecar, whose prediction budgets the slots. */}}
-{{- define "kv-sidecar.loraArgs" -}}
+{{/* LoRA adapter slots and CPU offload: the same flags for vLLM and the sidecar, whose prediction budgets them. */}}
+{{- define "kv-sidecar.memoryArgs" -}}
+{{- with .Values.vllm.cpuOffloadGb }}
+- --cpu-offload-gb
+- {{ . | quote }}
+{{- end }}
 {{- if .Values.vllm.lora.enabled }}
 - --enable-lora
 - --max-loras
@@ -104,7 +108,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --stream-interval
 - {{ . | quote }}
 {{- end }}
-{{- include "kv-sidecar.loraArgs" . }}
+{{- include "kv-sidecar.memoryArgs" . }}
 {{- if .Values.vllm.enablePrefixCaching }}
 - --enable-prefix-caching
 {{- end }}
@@ -157,7 +161,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --stream-interval
 - {{ . | quote }}
 {{- end }}
-{{- include "kv-sidecar.loraArgs" . }}
+{{- include "kv-sidecar.memoryArgs" . }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
 - --weight-dtype
 - {{ . | quote }}
