@@ -35,7 +35,7 @@ from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.moe import LLAMA4_TYPES, MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
-from sidecar.budget.safetensors import measured_parameter_count
+from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.vision import vision_parameters
 from sidecar.errors import ConfigError
 
@@ -109,6 +109,7 @@ class Architecture:
     norm_bias: bool = False  # LayerNorms with a bias (Falcon) rather than RMSNorms
     norms_per_layer: int = 2
     class_name: str | None = None  # ``architectures[0]``: the model class vLLM builds (LoRA rules go by it)
+    draft_layers: int = 0  # ``num_nextn_predict_layers``: MTP layers shipped beside the model, not loaded
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -332,6 +333,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
         class_name=_class_name(top),
+        draft_layers=first_int(cfg, "num_nextn_predict_layers") or 0,
     )
 
 
@@ -368,7 +370,8 @@ def load_architecture(path: Path) -> Architecture:
         )
     arch = architecture_from_config(read_config_file(config_path))
     if path.is_dir():
-        measured = measured_parameter_count(path, arch.dtype)
+        skipped = draft_tensor_filter(arch.num_layers, arch.draft_layers)
+        measured = measured_parameter_count(path, arch.dtype, skipped)
         if measured is not None:
             arch = arch.with_parameter_count(*measured)
     return arch

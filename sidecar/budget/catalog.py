@@ -21,6 +21,7 @@ from typing import Final
 
 from sidecar.budget.architecture import Architecture, architecture_from_config, load_architecture
 from sidecar.budget.hub import HubSnapshot, hub_snapshot, looks_like_hub_id
+from sidecar.budget.safetensors import draft_tensor_filter, hub_parameter_count
 from sidecar.errors import ConfigError, ModelUnavailableError, UnknownGpuError, UnknownModelError
 from sidecar.units import MIB
 
@@ -134,10 +135,10 @@ def _from_catalog(model: CatalogModel) -> ResolvedModel:
 
 def _from_snapshot(snapshot: HubSnapshot) -> ResolvedModel:
     architecture = load_architecture(snapshot.directory)
-    if architecture.parameter_source.startswith("computed") and snapshot.hub_parameter_count:
-        architecture = architecture.with_parameter_count(
-            snapshot.hub_parameter_count, "the Hub's safetensors metadata"
-        )
+    skipped = draft_tensor_filter(architecture.num_layers, architecture.draft_layers)
+    count = hub_parameter_count(snapshot.hub_metadata, skipped) if snapshot.hub_metadata else None
+    if architecture.parameter_source.startswith("computed") and count:
+        architecture = architecture.with_parameter_count(count, "the Hub's safetensors metadata")
     return ResolvedModel(architecture, snapshot.directory, snapshot.source)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sidecar.errors import ModelUnavailableError
 
@@ -45,7 +46,7 @@ class HubSnapshot:
     revision: str | None
     directory: Path
     source: str  # "hf-cache" or "hub"
-    hub_parameter_count: int | None = None  # the Hub's safetensors metadata, when fetched
+    hub_metadata: Any = None  # the Hub's safetensors metadata (tensor names and sizes), when fetched
 
 
 def _offline() -> bool:
@@ -103,13 +104,11 @@ def _downloaded(repo_id: str, revision: str | None, cache_dir: Path | None) -> H
         ) from None
     if not (folder / "config.json").is_file():
         raise ModelUnavailableError(f"{repo_id} has no config.json: is it a transformers model?")
-    count: int | None = None
     try:
         metadata = HfApi().get_safetensors_metadata(repo_id, revision=revision)
-        count = sum(metadata.parameter_count.values()) or None
     except Exception:  # noqa: BLE001 - the count is optional: the config's arithmetic stands in
-        count = None
-    return HubSnapshot(repo_id, revision, folder, "hub", count)
+        metadata = None
+    return HubSnapshot(repo_id, revision, folder, "hub", metadata)
 
 
 def hub_snapshot(

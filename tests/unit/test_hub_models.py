@@ -7,9 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from huggingface_hub.utils import SafetensorsFileMetadata, SafetensorsRepoMetadata, TensorInfo
 
 from sidecar.budget.catalog import resolve_model_source
 from sidecar.budget.hub import looks_like_hub_id
+from sidecar.budget.safetensors import draft_tensor_filter, hub_parameter_count
 from sidecar.errors import ModelUnavailableError, UnknownModelError
 from tests.fake_vllm import TINY_CONFIG
 from tests.hf_cache import add_model
@@ -87,3 +89,51 @@ def test_the_cache_wins_over_the_catalog(tmp_path: Path) -> None:
 def test_neither_path_nor_id_nor_catalog() -> None:
     with pytest.raises(UnknownModelError, match=r"unknown model 'gpt-5': not a file or directory"):
         resolve_model_source("gpt-5")
+
+
+DEEPSEEK_LIKE = TINY_CONFIG | {"num_nextn_predict_layers": 1}  # DeepSeek-V3's one MTP layer beside the model
+
+
+def test_mtp_layers_vllm_does_not_load_are_not_counted(tmp_path: Path) -> None:
+    layers = TINY_CONFIG["num_hidden_layers"]
+    weights = safetensors({
+        "model.layers.0.mlp.down_proj.weight": [4, 8],
+        f"model.layers.{layers}.eh_proj.weight": [16, 8],  # the MTP layer: vLLM skips it without a drafter
+        "mtp.fc.weight": [5, 5],  # Qwen3-Next's prefix, mapped to nothing
+        "model.mtp_layers.0.fc.weight": [2, 2],  # MiMo's
+    })  # fmt: skip
+    add_model(tmp_path, "acme/mtp-chat", {"config.json": DEEPSEEK_LIKE, "model.safetensors": weights})
+    resolved = resolve_model_source("acme/mtp-chat", cache_dir=tmp_path, offline=True)
+    assert resolved.architecture.parameter_count == 4 * 8
+    assert resolved.architecture.draft_layers == 1
+    without = TINY_CONFIG  # no num_nextn_predict_layers: a layer past the last is not a draft's
+    add_model(tmp_path, "acme/plain", {"config.json": without, "model.safetensors": weights})
+    plain = resolve_model_source("acme/plain", cache_dir=tmp_path, offline=True).architecture
+    assert plain.parameter_count == 4 * 8 + 16 * 8
+
+
+def test_an_index_that_counts_mtp_layers_gives_no_count(tmp_path: Path) -> None:
+    layers = TINY_CONFIG["num_hidden_layers"]
+    index = {
+        "metadata": {"total_size": 10**9},
+        "weight_map": {"model.layers.0.a": "x.safetensors", f"model.layers.{layers}.b": "y.safetensors"},
+    }
+    add_model(
+        tmp_path, "acme/mtp-index", {"config.json": DEEPSEEK_LIKE, "model.safetensors.index.json": index}
+    )
+    resolved = resolve_model_source("acme/mtp-index", cache_dir=tmp_path, offline=True)
+    assert resolved.architecture.parameter_source == "computed from config.json"
+
+
+def test_the_hubs_metadata_is_counted_without_the_mtp_layers() -> None:
+    layers = TINY_CONFIG["num_hidden_layers"]
+    tensors = {"model.layers.0.a": 32, f"model.layers.{layers}.b": 128, "mtp.c": 25}
+    metadata = SafetensorsRepoMetadata(
+        metadata=None, sharded=False, weight_map=dict.fromkeys(tensors, "model.safetensors"),
+        files_metadata={"model.safetensors": SafetensorsFileMetadata(metadata={}, tensors={
+            name: TensorInfo(dtype="BF16", shape=[count], data_offsets=(0, 2 * count)) for name, count in tensors.items()
+        })},
+    )  # fmt: skip
+    assert hub_parameter_count(metadata, draft_tensor_filter(layers, 1)) == 32
+    assert hub_parameter_count(metadata) == 32 + 128 + 25
+    assert hub_parameter_count(object()) is None
