@@ -132,6 +132,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "cuda_graph_bytes": args.cuda_graph_memory,
         "lora": lora_slots_from_args(args),
         "cpu_offload_bytes": args.cpu_offload_gb or 0,
+        "speculative": args.speculative_config,
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,

@@ -12,6 +12,7 @@ import argparse
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
 from sidecar.budget.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS, LoraSlots
+from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.flags import choice
@@ -140,6 +141,11 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         "--cpu-offload-gb",
         type=cpu_offload_gib,
         help="vLLM --cpu-offload-gb: GiB of layer weights per GPU kept in CPU memory (a number, as vLLM's)",
+    )
+    add(
+        "--speculative-config",
+        type=SpeculativeSettings.parse,
+        help="vLLM --speculative-config (JSON): an MTP drafter's layers are budgeted, ngram needs nothing",
     )
     add_lora_flags(group)
 

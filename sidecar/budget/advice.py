@@ -17,8 +17,9 @@ from typing import Final
 
 from sidecar.budget.catalog import find_gpu
 from sidecar.budget.dtypes import kv_bytes_per_element, weight_bytes_per_param
-from sidecar.budget.ledger import Ledger, PlanRequest, Verdict, build_ledger
+from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.budget.lora import LORA_RANKS
+from sidecar.budget.verdict import Verdict
 
 _CONTEXT_STEP: Final = 1024
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Final
 
 from sidecar.budget.architecture import Architecture, LayerKind
@@ -59,7 +58,7 @@ from sidecar.budget.experts import ExpertPlacement, expert_placement
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.budget.lora import LoraSlots, lora_graph_copies, lora_slot_bytes
 from sidecar.budget.notes import plan_notes
-from sidecar.budget.parameters import parameter_count
+from sidecar.budget.parameters import body_parameter_count, parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
 from sidecar.budget.profile import (
     estimate_activation_bytes,
@@ -69,6 +68,8 @@ from sidecar.budget.profile import (
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
+from sidecar.budget.speculative import SpeculativeSettings, drafter_kv_layers, drafter_weight_bytes
+from sidecar.budget.verdict import Verdict, plan_verdict
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB
@@ -77,16 +78,6 @@ DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size on GPUs, in tokens."""
-TIGHT_HEADROOM_FRACTION: Final = 0.10
-"""Headroom below this share of GPU memory makes a plan ``tight`` (the seeds' 5-10% real-world excess)."""
-
-
-class Verdict(StrEnum):
-    """Whether the target deployment fits the GPU."""
-
-    FITS = "fits"
-    TIGHT = "tight"
-    DOES_NOT_FIT = "does-not-fit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +111,9 @@ class PlanRequest:
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: layer weights kept in CPU memory, per GPU
+    speculative: SpeculativeSettings | None = (
+        None  # vLLM --speculative-config (:mod:`sidecar.budget.speculative`)
+    )
     lora: LoraSlots | None = None  # vLLM --enable-lora: adapter slots (:mod:`sidecar.budget.lora`)
 
     def __post_init__(self) -> None:
@@ -254,10 +248,10 @@ def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
 
 def _kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
     """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
-    arch = request.architecture
+    arch, drafter = request.architecture, (LayerKind.FULL,) * drafter_kv_layers(request)  # MTP layers attend
     if arch.attention_chunk_size and request.release.groups_chunked_local_attention():
-        return arch.layer_kinds
-    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds)
+        return arch.layer_kinds + drafter
+    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds) + drafter
 
 
 def _tokens_held(kind: LayerKind, arch: Architecture, length: int) -> int:
@@ -283,23 +277,14 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
     return full_blocks
 
 
-def _verdict(request: PlanRequest, total: int, max_concurrency: float) -> Verdict:
-    memory = request.gpu_memory_bytes
-    if total > memory or max_concurrency < 1:
-        return Verdict.DOES_NOT_FIT
-    if memory - total < TIGHT_HEADROOM_FRACTION * memory or max_concurrency < request.concurrency:
-        return Verdict.TIGHT
-    return Verdict.FITS
-
-
 def _vllm_profile(
     request: PlanRequest, params: int, activation: int, lora: int, offload: int
 ) -> dict[str, int]:
-    """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots only when enabled).
+    """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots, an MTP drafter when on).
 
     ``offload``: weights kept in CPU memory (``--cpu-offload-gb``), which the GPU does not hold.
     """
-    non_torch = request.non_torch_bytes
+    non_torch, arch = request.non_torch_bytes, request.architecture
     if non_torch is None:
         gpu = hopper_or_blackwell(request.gpu)
         non_torch = request.release.non_torch_bytes(request.tensor_parallel_size, hopper_or_blackwell=gpu)
@@ -312,6 +297,8 @@ def _vllm_profile(
     }
     if request.lora:
         profile["lora"] = lora
+    if drafter := drafter_weight_bytes(request, profile["weights"] + offload, body_parameter_count(arch)):
+        profile["drafter"] = drafter
     return profile
 
 
@@ -360,6 +347,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
         limiting = min(stages, key=lambda stage: stage.pool_blocks)  # the engine takes the smallest
         weights = round(weights * limiting.weights / max(1, profile["weights"]))
         profile.update(weights=limiting.weights, activation=limiting.activation)
+        if "drafter" in profile and limiting.index != len(stages) - 1:
+            del profile["drafter"]
         if request.lora:
             profile["lora"] = lora = limiting.lora
         pool, pool_blocks = max(0, requested - sum(profile.values())), limiting.pool_blocks
@@ -391,7 +380,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
         kv_pool_tokens=pool_tokens,
         kv_pool_blocks=pool_blocks,
         max_concurrency=max_concurrency,
-        verdict=_verdict(request, total, max_concurrency),
+        verdict=plan_verdict(request.gpu_memory_bytes, total, max_concurrency, request.concurrency),
         notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),

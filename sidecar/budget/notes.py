@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Final
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
+from sidecar.budget.speculative import DRAFTLESS_METHODS, drafter_kv_layers
 from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
 
@@ -48,6 +49,7 @@ def plan_notes(
         )
     notes.extend(_stage_notes(request, stages))
     notes.extend(_lora_notes(request))
+    notes.extend(_speculative_notes(request))
     if request.cpu_offload_bytes:
         notes.append(
             f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
@@ -64,6 +66,23 @@ def plan_notes(
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)
+
+
+def _speculative_notes(request: PlanRequest) -> list[str]:
+    """What the drafter adds, or that its memory is not in the plan."""
+    spec = request.speculative
+    if spec is None or spec.method in DRAFTLESS_METHODS:
+        return []
+    if not spec.modelled or (spec.multi_token_prediction and not drafter_kv_layers(request)):
+        return [
+            f"speculative decoding ({spec.method}): the drafter's weights and KV layers are not modelled; "
+            "the pool comes out smaller by their size"
+        ]
+    layers = drafter_kv_layers(request)
+    return [
+        f"speculative decoding ({spec.method}): {layers} MTP layer(s) of the checkpoint run beside the "
+        "model, their weights on every GPU (the drafter term) and their KV in every token's blocks"
+    ]
 
 
 def _lora_notes(request: PlanRequest) -> list[str]:

@@ -57,17 +57,26 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
     return experts + shared + router
 
 
+def _norm_parameters(arch: Architecture) -> int:
+    return 2 * arch.hidden_size if arch.norm_bias else arch.hidden_size
+
+
+def layer_parameter_count(arch: Architecture, layer: int) -> int:
+    """Parameters of decoder layer ``layer``: attention, its MLP or MoE block, its norms."""
+    norm = _norm_parameters(arch)
+    norms = 4 * arch.hidden_size if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
+    return _attention_parameters(arch) + _mlp_parameters(arch, layer) + norms
+
+
 def computed_parameter_count(arch: Architecture) -> int:
     """Total parameters of the language model described by ``arch``."""
-    hidden = arch.hidden_size
-    embeddings = embedding_parameter_count(arch)
-    norm = 2 * hidden if arch.norm_bias else hidden
-    norms_per_layer = 4 * hidden if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
-    layers = sum(
-        _attention_parameters(arch) + _mlp_parameters(arch, i) + norms_per_layer
-        for i in range(arch.num_layers)
-    )
-    return embeddings + layers + norm + (arch.vision_parameters or 0)
+    layers = sum(layer_parameter_count(arch, i) for i in range(arch.num_layers))
+    return embedding_parameter_count(arch) + layers + _norm_parameters(arch) + (arch.vision_parameters or 0)
+
+
+def body_parameter_count(arch: Architecture) -> int:
+    """Parameters outside the embeddings, the LM head and the final norm: the layers (and a vision tower)."""
+    return parameter_count(arch) - embedding_parameter_count(arch) - _norm_parameters(arch)
 
 
 def parameter_count(arch: Architecture) -> int:

@@ -45,6 +45,7 @@ from sidecar.budget.profile import (
     layer_weight_bytes,
     rope_cache_bytes,
 )
+from sidecar.budget.speculative import drafter_kv_layers
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -102,21 +103,23 @@ def pipeline_stages(
     body = layer_weight_bytes(request, loaded)  # layers, vision: each stage offloads from its own share
     forward = estimate_activation_bytes(request, samples=False)
     kv_layers = [kind is not LayerKind.NONE for kind in arch.layer_kinds]
+    drafter_kv = drafter_kv_layers(request)  # an MTP drafter's layers attend on the last stage
     counts = stage_layer_counts(len(kv_layers), request.pipeline_parallel_size)
     out: list[PipelineStage] = []
     start = 0
     for index, layers in enumerate(counts):
         first, last = index == 0, index == len(counts) - 1
-        stage_kv = sum(kv_layers[start : start + layers])
+        stage_kv = sum(kv_layers[start : start + layers]) + (drafter_kv if last else 0)
         start += layers
         share = body * layers / len(kv_layers)
         kept = share - cpu_offloaded_bytes(request, share)
         weights = rope + round(kept + embedding * (int(first) + int(last)))
         activation = profile["activation"] if last else forward  # only the last stage samples
         lora = round(profile.get("lora", 0) * layers / len(kv_layers))  # slots in proportion to the layers
-        fixed = weights + activation + lora + profile["non_torch"] + profile["cuda_graphs"]
+        drafter = profile.get("drafter", 0) if last else 0  # an MTP drafter runs beside the LM head
+        fixed = weights + activation + lora + drafter + profile["non_torch"] + profile["cuda_graphs"]
         memory = max(0, requested - fixed)
-        block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers))
+        block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers) + drafter_kv)
         blocks = int(memory // block) if block else 0
         out.append(PipelineStage(index, layers, stage_kv, weights, activation, blocks, lora=lora))
     return tuple(out)

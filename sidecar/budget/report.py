@@ -75,6 +75,12 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
             "fully_sharded_loras": req.lora.fully_sharded,
         },
         "cpu_offload_bytes": req.cpu_offload_bytes,
+        "speculative": None
+        if req.speculative is None
+        else {
+            "method": req.speculative.method,
+            "num_speculative_tokens": req.speculative.num_speculative_tokens,
+        },
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,
         "head_dim": arch.head_dim,

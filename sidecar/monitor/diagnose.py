@@ -189,8 +189,9 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
         severity = Severity.WARNING if abs(drift) > DRIFT_WARNING_RATIO else Severity.INFO
         advice = (
             "check that the sidecar's flags (model, GPU, dtypes, gpu_memory_utilization,"
-            " max_num_batched_tokens)"
-            " match vLLM's; another process on the GPU or a larger activation peak shrinks the pool"
+            " max_num_batched_tokens, --cpu-offload-gb, --max-lora-rank: vLLM's page names its LoRA"
+            " slots, not their rank) match vLLM's; another process on the GPU or a larger activation"
+            " peak shrinks the pool"
         )
         release = comparison.vllm_release
         if drift < 0 and release and VllmRelease.parse(release).counts_pinned_profile_segments():

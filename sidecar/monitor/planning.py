@@ -18,6 +18,7 @@ from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
 from sidecar.budget.lora import LoraSlots
+from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.errors import UsageError
 from sidecar.settings import default_of
@@ -58,6 +59,9 @@ class PlanInputs:
     cuda_graph_bytes: int | None = None
     lora: LoraSlots | None = None  # --enable-lora; else the slots the page names, at vLLM's default rank
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb (its page does not say it)
+    speculative: SpeculativeSettings | None = (
+        None  # vLLM --speculative-config (the page gives k, not the method)
+    )
 
 
 def _parseable(version: str | None) -> str | None:
@@ -126,5 +130,6 @@ def resolve_plan_request(
         cuda_graph_bytes=inputs.cuda_graph_bytes,
         lora=inputs.lora or (LoraSlots(max_loras=engine_max_loras) if engine_max_loras else None),
         cpu_offload_bytes=inputs.cpu_offload_bytes,
+        speculative=inputs.speculative,
         **extra,
     )

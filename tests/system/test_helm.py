@@ -17,6 +17,7 @@ import yaml
 from sidecar.admission.decide import AdmissionMode, OnPressure
 from sidecar.admission.pressure import StaleMode
 from sidecar.budget.lora import LORA_RANKS, LoraSlots
+from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.cli import build_parser, plan_inputs_from_args
 from sidecar.deployment_flags import lora_slots_from_args
 from sidecar.server import gateway
@@ -50,7 +51,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                           "vllm": {"dataParallelSize": 2, "enableExpertParallel": True}, "sidecar": {"gpu": "h100"}},
     "lora": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "sidecar": {"gpu": "l4"},
              "vllm": {"lora": {"enabled": True, "maxLoras": 4, "maxLoraRank": 64, "fullySharded": True},
-                      "cpuOffloadGb": 2.5}},
+                      "cpuOffloadGb": 2.5, "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 3,
+                                                               "prompt_lookup_max": 4}}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "streamInterval": 4,
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
@@ -152,7 +154,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-dtype", "--gpu-memory-utilization",
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
-                 "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb"):  # fmt: skip
+                 "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
+                 "--speculative-config"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -245,6 +248,7 @@ def test_pod_shape() -> None:
         {"vllm": {"lora": {"maxLoraRank": 48}}},
         {"vllm": {"lora": {"maxLoras": 0}}},
         {"vllm": {"cpuOffloadGb": -1}},
+        {"vllm": {"speculativeConfig": {"num_speculative_tokens": 2}}},
         {"vllm": {"port": 70000}},
         {"sidecar": {"admission": {"onPressure": "drop"}}},
         {"sidecar": {"admission": {"pressureWindow": "soon"}}},
@@ -371,7 +375,7 @@ def test_the_schemas_choices_are_the_sidecars() -> None:
     assert tuple(lora["properties"]["maxLoraRank"]["enum"]) == LORA_RANKS
 
 
-def test_lora_slots_and_cpu_offload_reach_both_containers_and_the_sidecar_budgets_them() -> None:
+def test_drafter_lora_and_offload_settings_reach_both_containers_and_the_sidecar_budgets_them() -> None:
     pods = containers(render(VALUE_SETS["lora"]))
     vllm, sidecar_args = flags(pods["vllm"]["args"]), pods["kv-sidecar"]["args"]
     assert (vllm["--enable-lora"], vllm["--max-loras"], vllm["--max-lora-rank"]) == (True, "4", "64")
@@ -380,4 +384,7 @@ def test_lora_slots_and_cpu_offload_reach_both_containers_and_the_sidecar_budget
     )
     assert "--enable-lora" not in flags(containers(render({}))["vllm"]["args"])
     assert vllm["--cpu-offload-gb"] == "2.5"
-    assert plan_inputs_from_args(build_parser().parse_args(sidecar_args)).cpu_offload_bytes == 5 * GIB // 2
+    inputs = plan_inputs_from_args(build_parser().parse_args(sidecar_args))
+    assert inputs.cpu_offload_bytes == 5 * GIB // 2
+    assert inputs.speculative == SpeculativeSettings("ngram", 3)
+    assert json.loads(str(vllm["--speculative-config"]))["prompt_lookup_max"] == 4  # vLLM gets it whole

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import PlanRequest, Verdict, advise, architecture_from_config, build_ledger, resolve_model
-from sidecar.budget.ledger import TIGHT_HEADROOM_FRACTION
+from sidecar.budget.verdict import TIGHT_HEADROOM_FRACTION
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.units import GIB

@@ -16,9 +16,10 @@ import pytest
 
 from sidecar.budget.advice import advise
 from sidecar.budget.architecture import Architecture, architecture_from_config
-from sidecar.budget.ledger import PlanRequest, Verdict, build_ledger
+from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.lora import LORA_RANKS, LoraSlots, class_facts, lora_slot_bytes
 from sidecar.budget.profile import rope_cache_bytes
+from sidecar.budget.verdict import Verdict
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES
 from sidecar.cli import build_parser, plan_request_from_args
 from sidecar.deployment_flags import cpu_offload_gib, lora_slots_from_args

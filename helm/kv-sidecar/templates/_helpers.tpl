@@ -43,8 +43,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* LoRA adapter slots and CPU offload: the same flags for vLLM and the sidecar, whose prediction budgets them. */}}
+{{/* Drafter, CPU offload, LoRA slots: the same flags for vLLM and the sidecar, whose prediction budgets them. */}}
 {{- define "kv-sidecar.memoryArgs" -}}
+{{- with .Values.vllm.speculativeConfig }}
+- --speculative-config
+- {{ toJson . | quote }}
+{{- end }}
 {{- with .Values.vllm.cpuOffloadGb }}
 - --cpu-offload-gb
 - {{ . | quote }}

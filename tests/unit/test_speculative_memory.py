@@ -1,0 +1,103 @@
+"""``--speculative-config`` in the plan (``sidecar/budget/speculative.py``): what each drafter adds, and refusals.
+
+The real engine checks the MTP figures (``tests/e2e/test_mtp_drafter.py``); these pin the rules at their edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sidecar.budget.architecture import Architecture, architecture_from_config
+from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.speculative import SpeculativeSettings
+from sidecar.cli import build_parser, plan_request_from_args
+from sidecar.errors import UsageError
+from sidecar.units import GIB
+
+DEEPSEEK: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 1024,
+    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048,
+    "moe_intermediate_size": 256, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "kv_lora_rank": 256, "q_lora_rank": 512, "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 64, "v_head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
+}  # fmt: skip
+
+
+def plan(architecture: Architecture, spec: str | None, **changes: Any) -> PlanRequest:
+    settings = SpeculativeSettings.parse(spec) if spec else None
+    return PlanRequest(
+        architecture=architecture,
+        gpu_memory_bytes=24 * GIB,
+        max_model_len=4096,
+        speculative=settings,
+        **changes,
+    )
+
+
+def test_an_mtp_layer_adds_its_kv_to_every_token_and_its_weights_to_every_gpu() -> None:
+    model = architecture_from_config(DEEPSEEK)
+    plain, mtp = build_ledger(plan(model, None)), build_ledger(plan(model, '{"method": "mtp"}'))
+    assert mtp.kv_bytes_per_token * 4 == plain.kv_bytes_per_token * 5  # four layers, and the MTP one
+    assert mtp.profile["drafter"] > 0
+    assert "drafter" not in plain.profile
+    assert plain.kv_pool_bytes - mtp.kv_pool_bytes == mtp.profile["drafter"]
+    alias = build_ledger(plan(model, '{"method": "deepseek_mtp", "num_speculative_tokens": 3}'))
+    assert alias.profile["drafter"] == mtp.profile["drafter"]  # more draft tokens reuse the same layer
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a_draftless_method_changes_nothing(method: str) -> None:
+    model = architecture_from_config(DEEPSEEK)
+    spec = f'{{"method": "{method}", "num_speculative_tokens": 3, "prompt_lookup_max": 3}}'
+    assert build_ledger(plan(model, spec)).kv_pool_bytes == build_ledger(plan(model, None)).kv_pool_bytes
+
+
+def test_a_drafter_of_its_own_is_said_to_be_left_out() -> None:
+    model = architecture_from_config(DEEPSEEK)
+    ledger = build_ledger(
+        plan(model, '{"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 3}')
+    )
+    assert ledger.kv_pool_bytes == build_ledger(plan(model, None)).kv_pool_bytes
+    assert any("eagle3" in note and "not modelled" in note for note in ledger.notes)
+
+
+def test_mtp_for_a_config_without_mtp_layers_is_noted_not_refused() -> None:
+    model = architecture_from_config(DEEPSEEK | {"num_nextn_predict_layers": 0})
+    ledger = build_ledger(plan(model, '{"method": "mtp"}'))  # vLLM assumes one for some families
+    assert "drafter" not in ledger.profile
+    assert any("mtp" in note and "not modelled" in note for note in ledger.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mtp", "JSON object"),
+        ('{"num_speculative_tokens": 2}', 'needs a "method"'),
+        ('{"method": "mtp", "num_speculative_tokens": 0}', "above 0"),
+        ('{"method": "mtp", "num_speculative_tokens": "2"}', "above 0"),
+    ],
+)
+def test_a_config_vllm_would_not_take_is_refused_in_one_line(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        SpeculativeSettings.parse(text)
+
+
+def test_the_flag_reaches_the_plan() -> None:
+    args = build_parser().parse_args(
+        ["plan", "--model", "qwen2.5-7b", "--gpu", "l4", "--speculative-config", '{"method": "ngram"}']
+    )
+    assert plan_request_from_args(args).speculative == SpeculativeSettings("ngram", 1)
+
+
+def test_with_pipeline_stages_the_drafter_sits_on_the_last() -> None:
+    model = architecture_from_config(DEEPSEEK)
+    drafted = build_ledger(replace(plan(model, '{"method": "mtp"}'), pipeline_parallel_size=2))
+    plain = build_ledger(replace(plan(model, None), pipeline_parallel_size=2))
+    first, last = (d.pool_blocks - p.pool_blocks for d, p in zip(drafted.stages, plain.stages, strict=True))
+    assert first == 0  # its KV layer and its weights are the last stage's
+    assert last < 0
+    assert drafted.kv_pool_blocks == drafted.stages[-1].pool_blocks
