@@ -22,6 +22,12 @@ it subtracts depend on the model, and this module computes them; each rule names
   ``mxfp4_round_up_hidden_size_and_intermediate_size`` in ``fused_moe/oracle/mxfp4.py``, 0.32.0).
   gpt-oss-120b at TP 4 on A100 logs 17.22 GiB (17.13 padded, 15.17 unpadded); gpt-oss-20b at TP 2 on
   H100, which takes the Triton path, logs 7.01 GiB (7.05 padded, 6.40 unpadded).
+* MLA attention (DeepSeek-V2/V3, Kimi) keeps ``kv_b_proj`` for prefill and, after loading, its two halves
+  dequantised to the activation dtype for decoding (``W_UK_T`` and ``W_UV``: ``process_weights_after_loading``
+  in ``model_executor/layers/attention/mla_attention.py``, 0.20.0 and 0.32.0; ``v1/attention/backends/mla/
+  common.py``, 0.10.0): ``kv_lora_rank x heads / tp x (qk_nope + v_head)`` 16-bit elements more per layer
+  (``mla_absorbed_bytes``; DeepSeek-V3 at TP 8: 0.24 GiB per GPU). The real CPU engine holds them too
+  (``tests/e2e/test_mtp_drafter.py`` sums them on a tiny DeepSeek-V3).
 
 **The activation peak** (``estimate_activation_bytes``): ``profile_run`` pushes a dummy batch of
 ``T = max_num_batched_tokens`` tokens over ``R = min(max_num_seqs, T)`` sequences through the model
@@ -146,11 +152,11 @@ def rope_cache_bytes(request: PlanRequest) -> int:
 
 
 def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
-    """The weights one GPU holds once vLLM has loaded them, with the RoPE tables (the theory of operation)."""
+    """The weights one GPU holds once vLLM has loaded them, with the RoPE tables and MLA's decode copies."""
     arch, tp = request.architecture, request.tensor_parallel_size
     dtype = request.effective_weight_dtype
     unquantised = weight_bytes_per_param("bf16")
-    rope = rope_cache_bytes(request)
+    rope = rope_cache_bytes(request) + mla_absorbed_bytes(request)  # beside the parameters
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
         return rope + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))
@@ -161,6 +167,17 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
         spread = experts * weight_bytes_per_param(dtype) * share
         return rope + round((quantised + embeddings * unquantised) / tp + spread)
     return rope + paper_weights_per_gpu(request, params)
+
+
+def mla_absorbed_bytes(request: PlanRequest) -> int:
+    """MLA's ``W_UK_T`` and ``W_UV`` on one GPU, beside ``kv_b_proj`` (see the module docstring); else 0."""
+    arch = request.architecture
+    mla = arch.mla
+    if mla is None:
+        return 0
+    heads = max(1, arch.num_attention_heads // request.tensor_parallel_size)
+    per_layer = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return arch.num_layers * per_layer * ACTIVATION_ELEMENT_BYTES
 
 
 def embedding_bytes_per_gpu(request: PlanRequest) -> float:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from sidecar.budget.parameters import layer_parameter_count
-from sidecar.budget.profile import ACTIVATION_ELEMENT_BYTES, layer_weight_bytes
+from sidecar.budget.profile import ACTIVATION_ELEMENT_BYTES, layer_weight_bytes, mla_absorbed_bytes
 from sidecar.errors import UsageError
 
 if TYPE_CHECKING:
@@ -95,8 +95,10 @@ def drafter_weight_bytes(request: PlanRequest, loaded: int, body_parameters: int
     layers = drafter_kv_layers(request)
     if not layers or body_parameters <= 0:
         return 0
-    per_parameter = layer_weight_bytes(request, loaded) / body_parameters
+    absorbed = mla_absorbed_bytes(request)  # MLA's decode copies: each MTP layer has its own too
+    per_parameter = (layer_weight_bytes(request, loaded) - absorbed) / body_parameters
     block = sum(layer_parameter_count(arch, arch.num_layers + i) for i in range(layers)) * per_parameter
+    block += layers * absorbed / arch.num_layers
     hidden = arch.hidden_size
     unsplit = layers * (2 * hidden * hidden + MTP_NORMS * hidden) * ACTIVATION_ELEMENT_BYTES
     return round(block + unsplit)

@@ -5,7 +5,8 @@ with its MTP layer shipped beside it as the published checkpoints ship it (``mod
 decoder block, ``eh_proj``, ``enorm``, ``hnorm``, the shared head, and copies of the embeddings and LM head;
 ``num_nextn_predict_layers`` 1). ``measure MODEL``: load it in vLLM in-process (CPU), once with
 ``{"method": "mtp", "num_speculative_tokens": 1}`` and once without, and print as JSON the KV cache's
-layers and blocks each time and the drafter's parameters that are not the target's. Used by
+layers and blocks each time, the drafter's parameters that are not the target's, and the bytes of MLA's
+decode copies of ``kv_b_proj`` (``W_UV``, ``W_UK_T``) in the target. Used by
 ``test_mtp_drafter.py``.
 """
 
@@ -63,7 +64,17 @@ def _engine_view(worker: Any) -> dict[str, Any]:
     own = [] if drafter is None else [n for n, p in drafter.named_parameters() if id(p) not in target]
     config = runner.kv_cache_config
     layers = sorted(name for group in config.kv_cache_groups for name in group.layer_names)
-    return {"kv_layers": layers, "num_blocks": config.num_blocks, "drafter_own": sorted(own)}
+    absorbed = sum(  # MLA's decode copies of kv_b_proj, made after loading
+        p.numel() * p.element_size()
+        for name, p in runner.model.named_parameters()
+        if name.endswith(("W_UV", "W_UK_T"))
+    )
+    return {
+        "kv_layers": layers,
+        "num_blocks": config.num_blocks,
+        "drafter_own": sorted(own),
+        "absorbed": absorbed,
+    }
 
 
 def measure(model: str) -> None:

@@ -9,7 +9,6 @@ loaded model. Before ``sidecar/budget/lora.py`` the planner had no LoRA term at 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from sidecar.budget import load_architecture
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.lora import LoraSlots, lora_slot_bytes
 from sidecar.units import GIB
+from tests.harness.vllm import run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("lora_slots_probe.py")
@@ -33,26 +33,25 @@ CASES = [  # (family, max_loras, max_lora_rank)
 ]
 
 
-def _probe(python: Path, *args: str) -> str:
-    result = subprocess.run(
-        [str(python), str(PROBE), *args], capture_output=True, text=True, timeout=900, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def measured(
     vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Every case's model and what vLLM allocated for it, from one vLLM process."""
     root = tmp_path_factory.mktemp("lora-models")
-    _probe(
-        vllm_env, "make", str(tiny_model), str(root), *(family for family, *_ in CASES if family != "qwen2")
+    run_probe(
+        vllm_env,
+        PROBE,
+        "make",
+        str(tiny_model),
+        str(root),
+        *(family for family, *_ in CASES if family != "qwen2"),
     )
     models = {family: tiny_model if family == "qwen2" else root / family for family, *_ in CASES}
     specs = [f"{models[family]}:{loras}:{rank}" for family, loras, rank in CASES]
-    lines = [x for x in _probe(vllm_env, "measure", *specs).splitlines() if x.startswith("LORA-SLOTS ")]
+    lines = [
+        x for x in run_probe(vllm_env, PROBE, "measure", *specs).splitlines() if x.startswith("LORA-SLOTS ")
+    ]
     records = [json.loads(line.removeprefix("LORA-SLOTS ")) for line in lines]
     return {family: (models[family], record) for (family, *_), record in zip(CASES, records, strict=True)}
 

@@ -5,7 +5,8 @@ A tiny DeepSeek-V3 ships its multi-token-prediction layer beside the model, as t
 layer too (three attention layers instead of two: 87,381 blocks of 16 tokens in 1 GiB instead of 131,072),
 and the drafter's own weights are the checkpoint's MTP tensors less the embeddings and LM head it shares with
 the model. Before ``sidecar/budget/speculative.py`` the plan counted neither, and counted the MTP tensors as
-weights of the model itself.
+weights of the model itself. The same engine shows MLA's decode copies of ``kv_b_proj`` (``W_UV``,
+``W_UK_T``), which the plan now counts with the loaded weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,10 @@ import pytest
 
 from sidecar.budget import load_architecture
 from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.profile import mla_absorbed_bytes
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
+from tests.harness.vllm import run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("drafter_probe.py")
@@ -30,20 +32,14 @@ MTP = '{"method": "mtp", "num_speculative_tokens": 1}'
 SHARED = ("embed_tokens", "shared_head.head")  # the drafter's copies of the model's own: vLLM shares them
 
 
-def _probe(python: Path, *args: str) -> str:
-    result = subprocess.run(
-        [str(python), str(PROBE), *args], capture_output=True, text=True, timeout=900, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The model directory and what vLLM held with the drafter (``mtp``) and without (``plain``)."""
     model = tmp_path_factory.mktemp("mtp") / "tiny-deepseek-v3"
-    _probe(vllm_env, "make", str(tiny_model), str(model))
-    lines = [x for x in _probe(vllm_env, "measure", str(model)).splitlines() if x.startswith("DRAFTER ")]
+    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(model))
+    lines = [
+        x for x in run_probe(vllm_env, PROBE, "measure", str(model)).splitlines() if x.startswith("DRAFTER ")
+    ]
     runs = [json.loads(line.removeprefix("DRAFTER ")) for line in lines]
     return model, {run["run"]: run for run in runs}
 
@@ -83,4 +79,13 @@ def test_the_drafters_weights_are_its_own_tensors(engine: tuple[Path, Any]) -> N
     architecture = load_architecture(model)
     assert architecture.draft_layers == 1
     planned = build_ledger(_plan(model, SpeculativeSettings.parse(MTP))).profile["drafter"]
-    assert planned == pytest.approx(_checkpoint_mtp_bytes(model), rel=0.01)
+    absorbed = (
+        runs["plain"]["absorbed"] // architecture.num_layers
+    )  # its own MLA decode copies (W_UV, W_UK_T)
+    assert planned == pytest.approx(_checkpoint_mtp_bytes(model) + absorbed, rel=0.01)
+
+
+def test_mla_keeps_decode_copies_of_kv_b_proj_as_planned(engine: tuple[Path, Any]) -> None:
+    model, runs = engine
+    assert runs["plain"]["absorbed"] > 0
+    assert mla_absorbed_bytes(_plan(model, None)) == runs["plain"]["absorbed"]

@@ -43,6 +43,15 @@ def make_tiny_model(python: Path, out: Path, *, hybrid: bool = False, vl: bool =
     return out
 
 
+def run_probe(python: Path, script: Path, *args: str, timeout: float = 900) -> str:
+    """Run ``script`` with vLLM's ``python`` (a probe that loads vLLM in-process); its stdout, or fail."""
+    result = subprocess.run(
+        [str(python), str(script), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 def vision_path() -> Path:
     """Install torchvision beside vLLM's environment if needed (``scripts/install-vllm-vision``); its path."""
     result = subprocess.run(
