@@ -61,10 +61,11 @@ from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import body_parameter_count, parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
 from sidecar.budget.profile import (
+    cpu_offloaded_bytes,
     estimate_activation_bytes,
     hopper_or_blackwell,
+    layer_weight_bytes,
     loaded_weights_per_gpu,
-    offloaded_weight_bytes,
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
@@ -278,11 +279,11 @@ def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> i
 
 
 def _vllm_profile(
-    request: PlanRequest, params: int, activation: int, lora: int, offload: int
+    request: PlanRequest, loaded: int, activation: int, lora: int, offload: int
 ) -> dict[str, int]:
     """What vLLM requests and the non-KV terms it subtracts, by name (LoRA slots, an MTP drafter when on).
 
-    ``offload``: weights kept in CPU memory (``--cpu-offload-gb``), which the GPU does not hold.
+    ``loaded``: the weights as loaded; ``offload``: what ``--cpu-offload-gb`` keeps of them in CPU memory.
     """
     non_torch, arch = request.non_torch_bytes, request.architecture
     if non_torch is None:
@@ -290,14 +291,14 @@ def _vllm_profile(
         non_torch = request.release.non_torch_bytes(request.tensor_parallel_size, hopper_or_blackwell=gpu)
     profile = {
         "requested": math.ceil(request.gpu_memory_bytes * request.effective_gpu_memory_utilization),
-        "weights": loaded_weights_per_gpu(request, params) - offload,
+        "weights": loaded - offload,
         "activation": activation,
         "non_torch": non_torch,
         "cuda_graphs": request.effective_cuda_graph_bytes,
     }
     if request.lora:
         profile["lora"] = lora
-    if drafter := drafter_weight_bytes(request, profile["weights"] + offload, body_parameter_count(arch)):
+    if drafter := drafter_weight_bytes(request, loaded, body_parameter_count(arch)):
         profile["drafter"] = drafter
     return profile
 
@@ -311,14 +312,16 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
     per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds)
     params = parameter_count(arch)
-    weights = paper_weights_per_gpu(request, params) - (offload := offloaded_weight_bytes(request, params))
+    loaded = loaded_weights_per_gpu(request, params)
+    offload = cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded))
+    weights = paper_weights_per_gpu(request, params) - offload
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
     lora = lora_slot_bytes(request, request.lora) if request.lora else 0
     total = weights + round(kv_total) + activation + request.overhead_bytes + lora
 
     tokens, seqs = request.effective_batch
-    profile = _vllm_profile(request, params, activation, lora, offload)
+    profile = _vllm_profile(request, loaded, activation, lora, offload)
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
@@ -340,7 +343,6 @@ def build_ledger(request: PlanRequest) -> Ledger:
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
     if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None:
-        loaded = profile["weights"] + offload
         stages = pipeline_stages(
             request, profile, requested, group_block_bytes, groups.layers_per_group, loaded=loaded
         )

@@ -156,17 +156,17 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
     arch, tp = request.architecture, request.tensor_parallel_size
     dtype = request.effective_weight_dtype
     unquantised = weight_bytes_per_param("bf16")
-    rope = rope_cache_bytes(request) + mla_absorbed_bytes(request)  # beside the parameters
+    beside = rope_cache_bytes(request) + mla_absorbed_bytes(request)  # tensors beside the parameters
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
-        return rope + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))
+        return beside + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))
     if dtype in QUANTISED_DTYPES:  # linear layers only: the embeddings and the LM head stay 16-bit
         experts, share = _experts_on_one_gpu(request)
         embeddings = min(params - experts, embedding_parameter_count(arch))
         quantised = (params - experts - embeddings) * weight_bytes_per_param(dtype)
         spread = experts * weight_bytes_per_param(dtype) * share
-        return rope + round((quantised + embeddings * unquantised) / tp + spread)
-    return rope + paper_weights_per_gpu(request, params)
+        return beside + round((quantised + embeddings * unquantised) / tp + spread)
+    return beside + paper_weights_per_gpu(request, params)
 
 
 def mla_absorbed_bytes(request: PlanRequest) -> int:
@@ -204,13 +204,6 @@ def cpu_offloaded_bytes(request: PlanRequest, layer_bytes: float) -> int:
     budget leaves; not modelled.
     """
     return round(min(request.cpu_offload_bytes, max(0.0, layer_bytes)))
-
-
-def offloaded_weight_bytes(request: PlanRequest, params: int) -> int:
-    """:func:`cpu_offloaded_bytes` of the whole model on one GPU (0 without ``--cpu-offload-gb``)."""
-    if not request.cpu_offload_bytes:
-        return 0
-    return cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded_weights_per_gpu(request, params)))
 
 
 def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> int:
