@@ -318,10 +318,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
     activation = estimate_activation_bytes(request)
     kv_total = request.concurrency * per_sequence
     lora = lora_slot_bytes(request, request.lora) if request.lora else 0
-    total = weights + round(kv_total) + activation + request.overhead_bytes + lora
-
     tokens, seqs = request.effective_batch
     profile = _vllm_profile(request, loaded, activation, lora, offload)
+    total = weights + round(kv_total) + activation + request.overhead_bytes + lora + profile.get("drafter", 0)
     requested = profile.pop("requested")
     block_bytes = request.block_size * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
@@ -358,7 +357,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
         num_blocks, activation = pool_blocks, limiting.activation
         per_token, per_sequence = per_token * share, per_sequence * share
         kv_total = request.concurrency * per_sequence
-        total = weights + round(kv_total) + activation + request.overhead_bytes + lora
+        total = (
+            weights + round(kv_total) + activation + request.overhead_bytes + lora + profile.get("drafter", 0)
+        )
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
     if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding + groups.chunked > 0):

@@ -45,6 +45,8 @@ def test_an_mtp_layer_adds_its_kv_to_every_token_and_its_weights_to_every_gpu() 
     assert mtp.profile["drafter"] > 0
     assert "drafter" not in plain.profile
     assert plain.kv_pool_bytes - mtp.kv_pool_bytes == mtp.profile["drafter"]
+    kv_more = mtp.kv_bytes_total - plain.kv_bytes_total  # the seeds' ledger counts the drafter's weights too
+    assert mtp.total_bytes - plain.total_bytes == mtp.profile["drafter"] + kv_more
     alias = build_ledger(plan(model, '{"method": "deepseek_mtp", "num_speculative_tokens": 3}'))
     assert alias.profile["drafter"] == mtp.profile["drafter"]  # more draft tokens reuse the same layer
 
