@@ -27,7 +27,7 @@ from sidecar.budget import (
     resolve_gpu,
     resolve_model,
 )
-from sidecar.budget.catalog import ResolvedModel, resolve_model_source
+from sidecar.budget.catalog import ResolvedModel, resolve_drafter, resolve_model_source
 from sidecar.deployment_flags import add_deployment_flags, lora_slots_from_args
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.flags import (
@@ -132,7 +132,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "cuda_graph_bytes": args.cuda_graph_memory,
         "lora": lora_slots_from_args(args),
         "cpu_offload_bytes": args.cpu_offload_gb or 0,
-        "speculative": args.speculative_config,
+        "speculative": resolve_drafter(args.speculative_config),  # reads a drafter model's config
         "weight_dtype": args.weight_dtype,
         "kv_cache_dtype": args.kv_cache_dtype,
         "max_model_len": args.max_model_len,

@@ -145,7 +145,10 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     add(
         "--speculative-config",
         type=SpeculativeSettings.parse,
-        help="vLLM --speculative-config (JSON): an MTP drafter's layers are budgeted, ngram needs nothing",
+        help=(
+            "vLLM --speculative-config (JSON): MTP layers, EAGLE, EAGLE-3 and draft models (their "
+            '"model" read as --model is) are budgeted; ngram needs nothing'
+        ),
     )
     add_lora_flags(group)
 

@@ -110,6 +110,7 @@ class Architecture:
     norms_per_layer: int = 2
     class_name: str | None = None  # ``architectures[0]``: the model class vLLM builds (LoRA rules go by it)
     draft_layers: int = 0  # ``num_nextn_predict_layers``: MTP layers shipped beside the model, not loaded
+    rope_key: str = ""  # what vLLM's ``get_rope`` caches a table by: models with the same key share one
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -334,6 +335,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         quantization=checkpoint_quantization(top),
         class_name=_class_name(top),
         draft_layers=first_int(cfg, "num_nextn_predict_layers") or 0,
+        rope_key=json.dumps(
+            [head_dim, rotary, max_positions, cfg.get("rope_theta"), _rope_parameters(cfg)], sort_keys=True
+        ),
     )
 
 

@@ -19,9 +19,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from sidecar.budget.architecture import Architecture, architecture_from_config, load_architecture
+from sidecar.budget.architecture import (
+    Architecture,
+    architecture_from_config,
+    load_architecture,
+    read_config_file,
+)
+from sidecar.budget.drafters import Drafter
 from sidecar.budget.hub import HubSnapshot, hub_snapshot, looks_like_hub_id
 from sidecar.budget.safetensors import draft_tensor_filter, hub_parameter_count
+from sidecar.budget.speculative import DRAFTLESS_METHODS, SpeculativeSettings
 from sidecar.errors import ConfigError, ModelUnavailableError, UnknownGpuError, UnknownModelError
 from sidecar.units import MIB
 
@@ -169,6 +176,35 @@ def resolve_model_source(
             f"not a catalog id ({known})"
         )
     return _from_catalog(model)
+
+
+def _drafter_config(text: str, cache_dir: Path | None) -> dict[str, object]:
+    path = Path(text).expanduser()
+    if path.exists():
+        return read_config_file(path / "config.json" if path.is_dir() else path)
+    if not looks_like_hub_id(text):
+        raise ConfigError(f"{text!r} is not a file, a directory or a Hugging Face id (org/name)")
+    try:
+        snapshot = hub_snapshot(text, cache_dir=cache_dir, offline=True)
+    except ModelUnavailableError:
+        snapshot = hub_snapshot(text, cache_dir=cache_dir)
+    return read_config_file(snapshot.directory / "config.json")
+
+
+def resolve_drafter(
+    spec: SpeculativeSettings | None, *, cache_dir: Path | None = None
+) -> SpeculativeSettings | None:
+    """``spec`` with its drafter's ``config.json`` read, as ``--model`` is resolved; never raises.
+
+    A drafter that cannot be read leaves the plan without its memory and says why in the plan's notes
+    (vLLM would still serve it, so the sidecar does not refuse it).
+    """
+    if spec is None or spec.model is None or spec.method in DRAFTLESS_METHODS or spec.multi_token_prediction:
+        return spec
+    try:
+        return spec.with_drafter(Drafter.from_config(_drafter_config(spec.model, cache_dir)))
+    except ConfigError as exc:
+        return spec.with_drafter(None, str(exc))
 
 
 def resolve_model(text: str, revision: str | None = None) -> Architecture:

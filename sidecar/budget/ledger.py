@@ -69,7 +69,12 @@ from sidecar.budget.profile import (
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
-from sidecar.budget.speculative import SpeculativeSettings, drafter_kv_layers, drafter_weight_bytes
+from sidecar.budget.speculative import (
+    SpeculativeSettings,
+    drafter_extra_kv_bytes,
+    drafter_kv_layers,
+    drafter_weight_bytes,
+)
 from sidecar.budget.verdict import Verdict, plan_verdict
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
@@ -308,9 +313,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
     arch = request.architecture
     length = request.effective_max_model_len
     per_layer = _layer_kv_bytes_per_token(request)
-    kinds = _kv_layer_kinds(request)
-    per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE)
-    per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds)
+    kinds, extra = _kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
+    per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE) + extra
+    per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds) + extra * length
     params = parameter_count(arch)
     loaded = loaded_weights_per_gpu(request, params)
     offload = cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded))
@@ -325,7 +330,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     block_bytes = request.block_size * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
     groups = kv_groups(kinds)
-    group_block_bytes = request.block_size * per_layer * groups.layers_per_group
+    group_block_bytes = request.block_size * (per_layer * groups.layers_per_group + extra)
     pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)

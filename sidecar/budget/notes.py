@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Final
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
-from sidecar.budget.speculative import DRAFTLESS_METHODS, drafter_kv_layers
+from sidecar.budget.speculative import DRAFTLESS_METHODS, drafter_kv_layers, drafter_kv_modelled
 from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
 
@@ -69,14 +69,28 @@ def plan_notes(
 
 
 def _speculative_notes(request: PlanRequest) -> list[str]:
-    """What the drafter adds, or that its memory is not in the plan."""
+    """What the drafter adds, or what of it the plan leaves out."""
     spec = request.speculative
     if spec is None or spec.method in DRAFTLESS_METHODS:
         return []
+    if spec.own_model and spec.drafter is not None:
+        drafter = spec.drafter.architecture
+        notes = [
+            f"speculative decoding ({spec.method}): the drafter {spec.model} ({drafter.num_layers} layer(s), "
+            f"hidden {drafter.hidden_size:,}) is loaded on every GPU (the drafter term) and its layers' KV "
+            "is in every token's blocks; its share of the profile's activation peak and CUDA graphs is not"
+        ]
+        if not drafter_kv_modelled(request):
+            notes.append(
+                "the drafter's KV layers are shaped unlike the model's beside a hybrid or pipelined layout: "
+                "not modelled, the pool comes out smaller by their size"
+            )
+        return notes
     if not spec.modelled or (spec.multi_token_prediction and not drafter_kv_layers(request)):
+        why = f" ({spec.drafter_problem})" if spec.drafter_problem else ""
         return [
-            f"speculative decoding ({spec.method}): the drafter's weights and KV layers are not modelled; "
-            "the pool comes out smaller by their size"
+            f"speculative decoding ({spec.method}): the drafter's weights and KV layers are not "
+            f"modelled{why}; the pool comes out smaller by their size"
         ]
     layers = drafter_kv_layers(request)
     return [

@@ -18,20 +18,34 @@ token costs ``num_nextn_predict_layers`` layers more; the pool is that much fewe
 real CPU engine with a tiny DeepSeek-V3 and one MTP layer (``tests/e2e/test_mtp_drafter.py``): the drafter's
 own parameters and the engine's KV layers and blocks are what this module says.
 
-Other drafters (EAGLE, EAGLE-3, a separate draft model, Medusa...) bring a model of their own; they are
-accepted and said to be not modelled in the plan's notes, not refused: vLLM serves them. So is ``mtp`` for a
-config that names no MTP layers (vLLM assumes one for some families and refuses others; the plan cannot
-tell which without the checkpoint's layout).
+Drafters with a model of their own (``eagle``, ``eagle3``, ``draft_model``; ``"model"`` in the JSON) are
+sized by :mod:`sidecar.budget.drafters` from the drafter's ``config.json``, which the CLI resolves as it
+resolves ``--model`` (:func:`sidecar.budget.catalog.resolve_drafter`). The method is inferred as vLLM 0.32.0
+infers it (``SpeculativeConfig.__post_init__``, ``vllm/config/speculative.py``): none given means
+``draft_model``, unless the model's name contains ``eagle-`` (EAGLE) or ``eagle3`` (EAGLE-3). A drafter whose
+config cannot be read, or whose class is not modelled (Medusa, MLP speculators, DFlash...), is accepted and
+said to be not modelled in the plan's notes, not refused: vLLM serves it. So is ``mtp`` for a config that
+names no MTP layers (vLLM assumes one for some families and refuses others; the plan cannot tell which
+without the checkpoint's layout).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from sidecar.budget.parameters import layer_parameter_count
-from sidecar.budget.profile import ACTIVATION_ELEMENT_BYTES, layer_weight_bytes, mla_absorbed_bytes
+from sidecar.budget.architecture import LayerKind
+from sidecar.budget.drafters import Drafter, drafter_layer_kinds, eagle_weight_bytes
+from sidecar.budget.dtypes import FLOAT_DTYPES, weight_bytes_per_param
+from sidecar.budget.parameters import layer_parameter_count, parameter_count
+from sidecar.budget.profile import (
+    ACTIVATION_ELEMENT_BYTES,
+    layer_weight_bytes,
+    loaded_weights_per_gpu,
+    mla_absorbed_bytes,
+    rope_cache_bytes,
+)
 from sidecar.errors import UsageError
 
 if TYPE_CHECKING:
@@ -42,6 +56,24 @@ DRAFTLESS_METHODS: Final = frozenset({"ngram", "suffix", "ngram_gpu"})
 MTP_METHODS: Final = frozenset({"mtp", "deepseek_mtp"})
 """Multi-token prediction from the checkpoint's own extra layers."""
 MTP_NORMS: Final = 3  # enorm, hnorm and the shared head's norm
+NAMED_METHODS: Final = frozenset({"eagle", "eagle3", "dflash", "dspark"})
+"""Methods vLLM keeps as given; any other with a model is inferred from the model's name."""
+
+
+def infer_method(method: str | None, model: str | None) -> str:
+    """The method vLLM 0.32.0 runs (``SpeculativeConfig.__post_init__``): explicit, or read off the model."""
+    if method is None:
+        method = "ngram" if model in {"ngram", "[ngram]"} else "draft_model"
+    if model is None or method in NAMED_METHODS or method in DRAFTLESS_METHODS:
+        return method
+    name = model.lower()
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    if "dflash" in name:
+        return "dflash"
+    return method
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +82,40 @@ class SpeculativeSettings:
 
     method: str
     num_speculative_tokens: int = 1
+    model: str | None = None  # the drafter's model: a directory, a config.json or a Hugging Face id
+    drafter: Drafter | None = None  # its config once read (:func:`sidecar.budget.catalog.resolve_drafter`)
+    drafter_problem: str | None = None  # why it could not be read
 
     @classmethod
     def parse(cls, text: str) -> SpeculativeSettings:
-        """VLLM's JSON spelling: ``{"method": "mtp", "num_speculative_tokens": 1, ...}``."""
+        """VLLM's JSON spelling: ``{"method": "eagle3", "model": "...", "num_speculative_tokens": 3}``."""
         try:
             config: Any = json.loads(text)
         except ValueError:
             config = None
         if not isinstance(config, dict):
             raise UsageError(f"--speculative-config must be a JSON object, as vLLM takes it: got {text!r}")
-        method = config.get("method")
+        method, model = config.get("method"), config.get("model")
         tokens = config.get("num_speculative_tokens", 1)
-        if not isinstance(method, str) or not method:
-            raise UsageError('--speculative-config needs a "method": ngram, mtp, eagle, eagle3...')
+        if method is not None and (not isinstance(method, str) or not method.strip()):
+            raise UsageError(f'--speculative-config "method" must be a name (ngram, mtp, eagle3): {method!r}')
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise UsageError(f'--speculative-config "model" must be a path or a Hugging Face id: {model!r}')
+        if method is None and model is None:
+            raise UsageError('--speculative-config needs a "method" (ngram, mtp...) or a drafter "model"')
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise UsageError(f'--speculative-config "num_speculative_tokens" must be above 0: {tokens!r}')
-        return cls(method=method.strip().lower(), num_speculative_tokens=tokens)
+        model = model.strip() if model else None
+        method = infer_method(method.strip().lower() if method else None, model)
+        return cls(method=method, num_speculative_tokens=tokens, model=model)
+
+    def with_drafter(self, drafter: Drafter | None, problem: str | None = None) -> SpeculativeSettings:
+        """A copy that knows the drafter's config (or why it could not be read)."""
+        method = self.method
+        model_type = drafter.architecture.model_type if drafter else None
+        if method == "draft_model" and model_type in {"medusa", "mlp_speculator"}:
+            method = model_type  # vLLM reads these off the drafter's config
+        return replace(self, method=method, drafter=drafter, drafter_problem=problem)
 
     @property
     def multi_token_prediction(self) -> bool:
@@ -74,15 +123,84 @@ class SpeculativeSettings:
         return self.method in MTP_METHODS
 
     @property
+    def own_model(self) -> bool:
+        """Whether the drafter is a model of its own that the plan sizes (EAGLE, EAGLE-3, a draft model)."""
+        return self.drafter is not None and self.drafter.modelled(self.method)
+
+    @property
     def modelled(self) -> bool:
-        """Whether the plan accounts for this drafter's memory (none, or MTP layers)."""
-        return self.method in DRAFTLESS_METHODS or self.multi_token_prediction
+        """Whether the plan accounts for this drafter's memory (none, MTP layers, or a sized model)."""
+        return self.method in DRAFTLESS_METHODS or self.multi_token_prediction or self.own_model
+
+
+def _own_drafter(request: PlanRequest) -> Drafter | None:
+    """The drafter model the plan sizes (EAGLE, EAGLE-3, a draft model), if any."""
+    spec = request.speculative
+    return spec.drafter if spec is not None and spec.own_model else None
+
+
+def _drafter_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
+    drafter, spec = _own_drafter(request), request.speculative
+    return drafter_layer_kinds(drafter, spec.method) if drafter is not None and spec is not None else ()
+
+
+def _same_page(request: PlanRequest, drafter: Drafter) -> bool:
+    arch, tp = request.architecture, request.tensor_parallel_size
+    own = drafter.architecture.kv_elements_per_token_per_layer(tp)
+    return own == arch.kv_elements_per_token_per_layer(tp)
 
 
 def drafter_kv_layers(request: PlanRequest) -> int:
-    """Attention layers the drafter adds to every token's KV (MTP: one per MTP layer)."""
-    spec = request.speculative
-    return request.architecture.draft_layers if spec is not None and spec.multi_token_prediction else 0
+    """Drafter attention layers whose KV pages are the target's: MTP layers, or an own model's alike."""
+    spec, drafter, kinds = request.speculative, _own_drafter(request), _drafter_kinds(request)
+    if spec is not None and spec.multi_token_prediction:
+        return request.architecture.draft_layers
+    if drafter is None or set(kinds) != {LayerKind.FULL}:
+        return 0
+    return len(kinds) if _same_page(request, drafter) else 0
+
+
+def drafter_extra_kv_elements(request: PlanRequest) -> int:
+    """Per token, the KV elements of drafter layers shaped unlike the target's, where vLLM 0.32 adds them.
+
+    That is one group of full-attention layers with pages of different sizes (``UniformTypeKVCacheSpecs``):
+    only when the target's layers all attend in full and there is one pipeline stage; else 0 (not modelled).
+    """
+    drafter, kinds = _own_drafter(request), _drafter_kinds(request)
+    target = set(request.architecture.layer_kinds) - {LayerKind.NONE}
+    if drafter is None or set(kinds) != {LayerKind.FULL} or target != {LayerKind.FULL}:
+        return 0
+    if _same_page(request, drafter) or request.pipeline_parallel_size > 1:
+        return 0
+    return len(kinds) * drafter.architecture.kv_elements_per_token_per_layer(request.tensor_parallel_size)
+
+
+def drafter_extra_kv_bytes(request: PlanRequest, per_layer: float) -> float:
+    """:func:`drafter_extra_kv_elements` in bytes, given the target's ``per_layer`` bytes per token."""
+    elements = request.architecture.kv_elements_per_token_per_layer(request.tensor_parallel_size)
+    return drafter_extra_kv_elements(request) * per_layer / elements if elements else 0.0
+
+
+def drafter_kv_modelled(request: PlanRequest) -> bool:
+    """Whether every drafter attention layer's KV is in the plan (as more layers, or as extra elements)."""
+    kinds = _drafter_kinds(request)
+    return not kinds or bool(drafter_kv_layers(request) or drafter_extra_kv_elements(request))
+
+
+def _own_model_weight_bytes(request: PlanRequest, spec: SpeculativeSettings, drafter: Drafter) -> int:
+    if spec.method != "draft_model":
+        dtype = request.effective_weight_dtype
+        element = round(weight_bytes_per_param(dtype if dtype in FLOAT_DTYPES else "bf16"))
+        return eagle_weight_bytes(request, drafter, spec.method, element)
+    arch = drafter.architecture  # a whole model, loaded as the target is: its quantisation, the same TP
+    try:  # at its own length: vLLM caps a draft model's at the shorter of the two
+        alone = replace(
+            request, architecture=arch, weight_dtype=None, speculative=None, lora=None, max_model_len=None
+        )
+    except UsageError as exc:  # what vLLM refuses for a model (TP that splits no heads...) it refuses here
+        raise UsageError(f"the draft model {spec.model}: {exc}") from None
+    shared = rope_cache_bytes(alone) if arch.rope_key == request.architecture.rope_key else 0  # one table
+    return loaded_weights_per_gpu(alone, parameter_count(arch)) - shared
 
 
 def drafter_weight_bytes(request: PlanRequest, loaded: int, body_parameters: int) -> int:
@@ -91,9 +209,11 @@ def drafter_weight_bytes(request: PlanRequest, loaded: int, body_parameters: int
     ``loaded`` is the model's weights on one GPU as loaded; ``body_parameters`` the parameters of its decoder
     layers: their ratio is what one layer's parameter costs there (dtype, TP and expert placement included).
     """
-    arch = request.architecture
+    arch, spec, drafter = request.architecture, request.speculative, _own_drafter(request)
+    if drafter is not None and spec is not None:
+        return _own_model_weight_bytes(request, spec, drafter)
     layers = drafter_kv_layers(request)
-    if not layers or body_parameters <= 0:
+    if not layers or body_parameters <= 0 or spec is None or not spec.multi_token_prediction:
         return 0
     absorbed = mla_absorbed_bytes(request)  # MLA's decode copies: each MTP layer has its own too
     per_parameter = (layer_weight_bytes(request, loaded) - absorbed) / body_parameters

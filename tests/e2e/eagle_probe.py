@@ -1,0 +1,132 @@
+"""Run with vLLM's python: a tiny Llama with three drafters of its own, and what vLLM makes of each.
+
+``make TOKENIZER_DIR OUT``: in ``OUT``, a random-weight Llama of four layers (``target``: hidden 128, two
+heads, one KV head of 64) and three drafters written as their published checkpoints are:
+
+* ``eagle3``: ``LlamaForCausalLMEagle3`` with one ``midlayer`` whose QKV reads ``2 x hidden``, ``fc``
+  ``3 x hidden -> hidden``, ``norm``, an ``lm_head`` over a 256-token draft vocabulary and the ``d2t`` /
+  ``t2d`` maps (as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B ships them);
+* ``eagle``: an EAGLE-1 head (``LlamaForCausalLM`` config, ``layers.0`` without ``input_layernorm``, ``fc``
+  ``2 x hidden -> hidden``) with a copy of the target's ``embed_tokens`` (as yuhuili/EAGLE-LLaMA3-Instruct-8B);
+* ``draft``: a one-layer Llama with two KV heads, so its KV page is twice the target's.
+
+``measure OUT``: load the target in vLLM in-process (CPU, 1 GiB of KV) without a drafter and with each, and
+print as JSON per run the KV cache's block size, groups and blocks, and the names of the drafter's parameters
+that are not the target's (the CPU backend repacks linear weights, so their sizes are read from the
+checkpoint by the test, not here). Used by ``test_eagle_drafters.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as tf
+from safetensors.torch import load_file, save_file
+
+HIDDEN, HEAD, DRAFT_VOCAB = 128, 64, 256
+BASE: dict[str, Any] = {
+    "hidden_size": HIDDEN, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": HEAD,
+    "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+}  # fmt: skip
+SPECS: dict[str, dict[str, Any]] = {
+    "eagle3": {"method": "eagle3", "model": "eagle3", "num_speculative_tokens": 2},
+    "eagle": {"method": "eagle", "model": "eagle", "num_speculative_tokens": 2},
+    "draft_model": {"method": "draft_model", "model": "draft", "num_speculative_tokens": 2},
+}
+
+
+def _random(*shape: int) -> torch.Tensor:
+    return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
+
+
+def _ones(size: int) -> torch.Tensor:
+    return torch.ones(size, dtype=torch.bfloat16)
+
+
+def _layer(prefix: str, qkv_input: int, norms: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    q, kv = 2 * HEAD, 1 * HEAD
+    tensors = {
+        f"{prefix}.self_attn.q_proj.weight": _random(q, qkv_input),
+        f"{prefix}.self_attn.k_proj.weight": _random(kv, qkv_input),
+        f"{prefix}.self_attn.v_proj.weight": _random(kv, qkv_input),
+        f"{prefix}.self_attn.o_proj.weight": _random(HIDDEN, q),
+        f"{prefix}.mlp.gate_proj.weight": _random(256, HIDDEN),
+        f"{prefix}.mlp.up_proj.weight": _random(256, HIDDEN),
+        f"{prefix}.mlp.down_proj.weight": _random(HIDDEN, 256),
+    }
+    return tensors | {f"{prefix}.{norm}.weight": _ones(HIDDEN) for norm in norms}
+
+
+def _save(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({**BASE, "model_type": "llama", **config}, indent=1))
+
+
+def make(tokenizer_dir: Path, root: Path) -> None:
+    """The target and the three drafters (see the module docstring)."""
+    for name, layers, kv_heads in (("target", 4, 1), ("draft", 1, 2)):
+        config = tf.LlamaConfig(**{**BASE, "num_hidden_layers": layers, "num_key_value_heads": kv_heads})
+        tf.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root / name)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_dir / file, root / name / file)
+    norms3 = ("input_layernorm", "post_attention_layernorm", "hidden_norm")
+    eagle3 = _layer("midlayer", 2 * HIDDEN, norms3) | {
+        "fc.weight": _random(HIDDEN, 3 * HIDDEN), "norm.weight": _ones(HIDDEN),
+        "lm_head.weight": _random(DRAFT_VOCAB, HIDDEN), "d2t": torch.zeros(DRAFT_VOCAB, dtype=torch.long),
+        "t2d": torch.ones(BASE["vocab_size"], dtype=torch.bool),
+    }  # fmt: skip
+    _save(root / "eagle3", eagle3, {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+                                    "draft_vocab_size": DRAFT_VOCAB})  # fmt: skip
+    embeddings = load_file(root / "target" / "model.safetensors")["model.embed_tokens.weight"]
+    eagle = _layer("layers.0", HIDDEN, ("post_attention_layernorm",)) | {
+        "fc.weight": _random(HIDDEN, 2 * HIDDEN), "embed_tokens.weight": embeddings.clone(),
+    }  # fmt: skip
+    _save(root / "eagle", eagle, {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
+
+
+def _engine_view(worker: Any) -> dict[str, Any]:
+    runner = worker.model_runner
+    target = {id(p) for p in runner.model.parameters()}
+    drafter = getattr(getattr(runner, "drafter", None), "model", None)
+    own = [] if drafter is None else [n for n, p in drafter.named_parameters() if id(p) not in target]
+    config = runner.kv_cache_config
+    return {
+        "block_size": runner.cache_config.block_size,
+        "groups": [sorted(group.layer_names) for group in config.kv_cache_groups],
+        "num_blocks": config.num_blocks,
+        "drafter_own": sorted(own),
+    }
+
+
+def measure(root: Path) -> None:
+    """Print what the engine holds without a drafter and with each."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM  # noqa: PLC0415 - vLLM reads the environment above when it is imported
+
+    for label in ("plain", *SPECS):
+        extra = {}
+        if label in SPECS:
+            extra["speculative_config"] = SPECS[label] | {"model": str(root / SPECS[label]["model"])}
+        llm = LLM(model=str(root / "target"), max_model_len=512, dtype="bfloat16", max_num_seqs=4, **extra)
+        print("DRAFTER " + json.dumps({"run": label, **llm.collective_rpc(_engine_view)[0]}), flush=True)
+        del llm
+        gc.collect()
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "make":
+        make(Path(args[0]), Path(args[1]))
+    else:
+        measure(Path(args[0]))

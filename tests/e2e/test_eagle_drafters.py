@@ -1,0 +1,105 @@
+"""EAGLE-3, EAGLE and draft-model drafters on the real engine: their KV blocks and weights are what the plan says.
+
+vLLM 0.32 loads a tiny Llama with each drafter of ``eagle_probe.py`` in turn. The engine's KV cache takes the
+drafter's attention layer into every block (one layer of the target's page for the EAGLE heads: 6,553 blocks
+of 128 tokens in 1 GiB instead of 8,192; a page twice the target's layer for the draft model: 5,461), and
+keeps as the drafter's own exactly the checkpoint tensors the plan counts: the EAGLE-3 head's layer, ``fc``,
+norm, LM head and ``d2t`` (not ``t2d``, not embeddings), the EAGLE head's layer and ``fc`` (its embeddings
+copy is the target's, so vLLM shares it), the draft model whole. Before ``sidecar/budget/drafters.py`` the
+plan counted none of it and said "not modelled".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.budget import load_architecture
+from sidecar.budget.catalog import resolve_drafter
+from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.speculative import SpeculativeSettings
+from sidecar.units import GIB
+from tests.harness.vllm import run_probe
+
+pytestmark = pytest.mark.e2e
+PROBE = Path(__file__).with_name("eagle_probe.py")
+DRAFTERS = {
+    "eagle3": ("eagle3", "eagle3"),
+    "eagle": ("eagle", "eagle"),
+    "draft_model": ("draft_model", "draft"),
+}
+NOT_KEPT = {"eagle3": ("t2d",), "eagle": ("embed_tokens",), "draft_model": ()}  # vLLM drops or shares these
+ELEMENT_BYTES = {"BF16": 2, "I64": 8, "BOOL": 1}
+STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The models' folder and what vLLM held without a drafter (``plain``) and with each."""
+    root = tmp_path_factory.mktemp("eagle")
+    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
+    lines = [
+        x for x in run_probe(vllm_env, PROBE, "measure", str(root)).splitlines() if x.startswith("DRAFTER ")
+    ]
+    runs = [json.loads(line.removeprefix("DRAFTER ")) for line in lines]
+    return root, {run["run"]: run for run in runs}
+
+
+def _spec(root: Path, label: str) -> SpeculativeSettings | None:
+    if label == "plain":
+        return None
+    method, folder = DRAFTERS[label]
+    text = json.dumps({"method": method, "model": str(root / folder), "num_speculative_tokens": 2})
+    return resolve_drafter(SpeculativeSettings.parse(text))
+
+
+def _plan(root: Path, label: str, block_size: int) -> PlanRequest:
+    return PlanRequest(
+        architecture=load_architecture(root / "target"), gpu_memory_bytes=24 * GIB, max_model_len=512,
+        block_size=block_size, kv_cache_memory_bytes=GIB, speculative=_spec(root, label),
+    )  # fmt: skip  # the CPU engine's 1 GiB (VLLM_CPU_KVCACHE_SPACE)
+
+
+def _checkpoint(folder: Path) -> dict[str, int]:
+    raw = (folder / "model.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    return {
+        name: ELEMENT_BYTES[entry["dtype"]] * math.prod(entry["shape"])
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def _vllm_name(name: str) -> str:
+    """A checkpoint tensor's parameter name in vLLM's drafter (the classes' weight mappers)."""
+    name = name.replace("midlayer.", "layers.0.").replace("d2t", "draft_id_to_target_id")
+    for old, new in STACKED:
+        name = name.replace(old, new)
+    return name if name.startswith(("model.", "lm_head", "draft_id_to_target_id")) else f"model.{name}"
+
+
+@pytest.mark.parametrize("label", ["plain", *DRAFTERS])
+def test_each_drafter_takes_kv_blocks_as_planned(engine: tuple[Path, Any], label: str) -> None:
+    root, runs = engine
+    run = runs[label]
+    layers = sum(len(group) for group in run["groups"])
+    assert layers == (4 if label == "plain" else 5)
+    assert len(run["groups"]) == 1  # the draft model's larger page joins the same group: one block, summed
+    assert build_ledger(_plan(root, label, run["block_size"])).kv_pool_blocks == run["num_blocks"]
+
+
+@pytest.mark.parametrize("label", list(DRAFTERS))
+def test_each_drafter_keeps_the_tensors_the_plan_counts(engine: tuple[Path, Any], label: str) -> None:
+    root, runs = engine
+    tensors = _checkpoint(root / DRAFTERS[label][1])
+    kept = {name: size for name, size in tensors.items() if not any(part in name for part in NOT_KEPT[label])}
+    assert {_vllm_name(name) for name in kept} == set(runs[label]["drafter_own"])
+    planned = build_ledger(_plan(root, label, runs[label]["block_size"])).profile["drafter"]
+    assert planned == sum(kept.values())
