@@ -35,7 +35,7 @@ from sidecar.admission.pressure import PressureDetector, PressureSettings, Press
 from sidecar.admission.retry import clamp_retry_after
 from sidecar.admission.tokens import TokenCounter, load_counter
 from sidecar.budget.catalog import ResolvedModel
-from sidecar.errors import KvSidecarError
+from sidecar.late import LateResolver
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.nvml import NvmlReader
@@ -112,8 +112,10 @@ class SidecarApp:
         self.monitor.gpu.enabled = options.nvml
         self.monitor.model_error = model_error
         self._pool_cache: tuple[object, object, PoolView | None] | None = None
-        self._resolve_model = resolve_model if model_error is not None else None
-        self._model_task: asyncio.Task[None] | None = None
+        self.late = LateResolver(
+            self.monitor, log, interval=options.model_retry, clock=clock, on_model=self._model_resolved,
+            resolve_model=resolve_model if model_error is not None else None,
+        )  # fmt: skip
         self.lifecycle = Lifecycle(staleness=options.staleness)
         self.registry.register(MonitorCollector(self.monitor, clock))
         self.scrape_metrics = ScrapeMetrics(self.registry)
@@ -305,10 +307,7 @@ class SidecarApp:
                 scrape_page=ScrapePage(self._gateway_page.render, GATEWAY_CONTENT_TYPE),
             )
         self._scrape_task = asyncio.create_task(self._scraper.supervise(self.log), name="kv-sidecar-scraper")
-        if self._resolve_model is not None:
-            model, reason = self.monitor.inputs.model, self.monitor.model_error
-            self.log.warning("model_unresolved", model=model, reason=reason)
-            self._model_task = asyncio.create_task(self._retry_model(self._resolve_model), name="kv-model")
+        self.late.start()  # --model or a drafter vLLM is still downloading
         self.log.info(
             "started",
             upstream=self.options.upstream,
@@ -316,23 +315,10 @@ class SidecarApp:
             proxy=f"{self.options.listen[0]}:{self.proxy_port}" if self.proxy else None,
         )
 
-    async def _retry_model(self, resolve: Callable[[], ResolvedModel]) -> None:
-        """Try ``--model`` again every ``model_retry`` seconds (in a thread: it reads files, may download)."""
-        while True:
-            await asyncio.sleep(self.options.model_retry)
-            try:
-                resolved = await asyncio.to_thread(resolve)
-            except KvSidecarError as exc:
-                if str(exc) != self.monitor.model_error:
-                    self.log.warning("model_unresolved", model=self.monitor.inputs.model, reason=str(exc))
-                self.monitor.model_error = str(exc)
-                continue
-            self.monitor.set_architecture(resolved.architecture, resolved.source)
-            if self.proxy is not None and resolved.directory is not None:
-                self.proxy.counter = await asyncio.to_thread(load_counter, str(resolved.directory))
-            self.log.info("model_resolved", model=self.monitor.inputs.model, source=resolved.source)
-            self.monitor.refresh(self.clock())
-            return
+    async def _model_resolved(self, resolved: ResolvedModel) -> None:
+        """``--model`` resolved late: count tokens with its tokenizer from now on."""
+        if self.proxy is not None and resolved.directory is not None:
+            self.proxy.counter = await asyncio.to_thread(load_counter, str(resolved.directory))
 
     async def drain(self) -> bool:
         """Stop taking work and wait for in-flight responses; ``True`` when all ended in time."""
@@ -350,11 +336,11 @@ class SidecarApp:
 
     async def stop(self) -> None:
         """Stop scraping and close every socket."""
-        for task in (self._scrape_task, self._model_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self.late.stop()
+        if self._scrape_task is not None:
+            self._scrape_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scrape_task
         for listener in self._listeners:
             listener.close()  # no new connections; the runners close the open ones
         for runner in reversed(self._runners):

@@ -16,6 +16,7 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
+from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.errors import KvSidecarError
 from sidecar.monitor.diagnose import (
     Comparison,
@@ -101,6 +102,10 @@ class Monitor:
         """``--model`` resolved (perhaps late): predict with it from the next refresh on."""
         self.inputs = replace(self.inputs, architecture=architecture)
         self.model_error, self.model_source = None, source
+
+    def set_speculative(self, speculative: SpeculativeSettings) -> None:
+        """A drafter's model resolved late: predict with its weights and KV from the next refresh on."""
+        self.inputs = replace(self.inputs, speculative=speculative)
 
     def update_prediction(self) -> None:
         """Rebuild the prediction when its inputs (flags + engine-reported settings) changed."""

@@ -9,7 +9,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +19,8 @@ import pytest
 from tests.fake_vllm import TINY_CONFIG, FakeVllm
 from tests.harness.vllm import free_port
 from tests.hf_cache import add_model
+
+DRAFTERS = Path(__file__).parents[1] / "data" / "drafters"  # published drafter configs
 
 pytestmark = pytest.mark.integration
 KV_SIDECAR = [sys.executable, "-m", "sidecar"]
@@ -302,6 +306,50 @@ async def test_run_serves_while_its_model_is_unresolved_and_predicts_once_the_ca
     events = [json.loads(line)["event"] for line in err.decode().splitlines()]
     assert events.count("model_unresolved") == 1  # said once, not once per retry
     assert "model_resolved" in events
+
+
+async def test_run_budgets_a_drafter_once_the_cache_has_its_config(
+    fake_vllm: FakeVllm, tmp_path: Path
+) -> None:
+    """An EAGLE-3 head vLLM has not downloaded yet: predicted without it (and said why), then with it."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    admin, proxy = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
+    drafter = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    spec = json.dumps({"method": "eagle3", "model": drafter, "num_speculative_tokens": 3})
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", proxy, "--admin-listen", admin,
+        "--model", "llama-3.1-8b", "--gpu-memory", "24GiB", "--nvml", "off", "--model-retry", "0.3s",
+        "--speculative-config", spec, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        await _wait_for_admin("http://" + admin)
+        async with httpx.AsyncClient(timeout=10) as client:
+            predicted = await _prediction(client, admin, lambda p: p is not None)  # after the first scrape
+            assert "drafter_bytes" not in predicted["vllm_profile"]
+            assert any("not modelled" in note and "HF_HUB_OFFLINE" in note for note in predicted["notes"])
+            config = (DRAFTERS / "yuhuili--EAGLE3-LLaMA3.1-Instruct-8B.json").read_text()
+            add_model(cache, drafter, {"config.json": config})  # vLLM has read the drafter's config
+            predicted = await _prediction(client, admin, lambda p: "drafter_bytes" in p["vllm_profile"])
+        assert predicted["vllm_profile"]["drafter_bytes"] == 849_635_328
+        assert not any("not modelled" in note for note in predicted["notes"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert proc.returncode == 0
+    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+    assert events.count("drafter_unresolved") == 1  # said once, not once per retry
+    assert "drafter_resolved" in events
+
+
+async def _prediction(client: httpx.AsyncClient, admin: str, ready: Callable[[Any], bool]) -> Any:
+    """``/budget``'s prediction once ``ready`` says so (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while not ready(predicted := (await client.get(f"http://{admin}/budget")).json()["predicted"]):
+        assert time.monotonic() < deadline, predicted
+        await asyncio.sleep(0.1)
+    return predicted
 
 
 async def _metric_labelled(url: str, name: str, labels: str) -> float | None:
