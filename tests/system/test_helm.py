@@ -264,6 +264,13 @@ def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
         chart.validate_schema(values)
 
 
+def test_schema_takes_a_drafter_model_without_a_method() -> None:
+    with helm.Chart.load(str(CHART)) as chart:  # vLLM infers the method from the model (eagle3 here)
+        chart.validate_schema(
+            {"vllm": {"speculativeConfig": {"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}}}
+        )
+
+
 def test_schema_accepts_every_value_set() -> None:
     with helm.Chart.load(str(CHART)) as chart:
         for values in VALUE_SETS.values():
