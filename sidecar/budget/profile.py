@@ -40,6 +40,22 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
 * sampler: ``R x vocab x (2 + 3 x 4)`` bytes: the model's 16-bit logits, their float32 copy
   (``Sampler.forward``), the probabilities and the exponential noise (``TopKTopPSampler``,
   ``random_sample``), read in 0.32.0; the dummy run sets top-k and top-p, so the filtering path runs;
+* with speculative decoding (any method), the profile then runs the rejection sampler too
+  (``_dummy_sampler_run``): over ``2R`` fresh rows of logits (one draft token and one bonus row per
+  request), it samples the ``R`` bonus rows with the plain sampler, keeping their logits in float32
+  (``logprobs_mode_override``), then holds the ``R`` target rows in float32, their clone, their
+  probabilities and the recovered tokens' exponential noise (``RejectionSampler.forward``,
+  ``rejection_sample``, ``sample_recovered_tokens`` in ``v1/sample/rejection_sampler.py``, read in 0.12.0,
+  0.15.0, 0.20.0 and 0.32.0): ``R x vocab x (3 x 2 + 5 x 4)`` bytes at its peak, 26 against the plain pass's
+  14 (0.12-0.14: no clone, 22; before 0.12 nothing beyond the plain pass), so the sampler term grows by
+  ``12 R x vocab`` bytes: 1.5 GiB for Llama-3.1-8B at ``R`` 1024. The dummy pass drafts one token per
+  request whatever ``num_speculative_tokens`` is, so a real step with ``k`` drafts can hold more than vLLM
+  profiled (vllm-project/vllm PR #37521 proposed profiling ``k``; closed, and 0.32.0 still drafts one): the
+  planner follows what vLLM subtracts, as that sizes the pool. Read in source; no GPU log with
+  speculative decoding is on the calibration table. The real CPU engine agrees on the increment
+  (``tests/e2e/test_rejection_profile.py``: the pass's peak resident memory is 24.0 ``R x vocab`` bytes
+  without drafting and 36.0 with n-gram drafting, 12.0 more, as planned; the CPU sampler's top-k/top-p
+  sort, which the GPU's does not do, sits in both);
 * MoE layers work in two scratch buffers that vLLM keeps after the forward (``WorkspaceManager``,
   ``vllm/v1/worker/workspace.py``), sized by the experts' ``workspace_shapes``
   (``fused_moe/experts/triton_moe.py``, ``marlin_moe.py``, 0.32.0): ``moe_workspace_bytes``;
@@ -223,9 +239,11 @@ def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> 
         element = round(WEIGHT_DTYPES["fp32"])  # --dtype float32: activations and logits are float32 too
     forward = tokens * (2 * arch.hidden_size + 3 * _dense_mlp_width(arch) // tp) * element
     rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
-    sampler = (
-        rows * arch.vocab_size * (element + SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES) if samples else 0
-    )
+    copies = SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES
+    sampler = rows * arch.vocab_size * (element + copies) if samples else 0
+    rejection = request.release.rejection_pass_float32_copies() if request.speculative else 0
+    if samples and rejection:  # 2R rows of logits, a copy of the R bonus rows, the float32 tensors
+        sampler = max(sampler, rows * arch.vocab_size * (3 * element + rejection * LOGIT_ELEMENT_BYTES))
     return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
 
 

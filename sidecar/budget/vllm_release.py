@@ -54,6 +54,10 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   change. How much is pinned depends on the order of allocations, so the planner does not subtract it;
   a plan for these releases says how much smaller the pool can come out
   (:data:`PINNED_SEGMENTS_OBSERVED_BYTES`).
+* **With speculative decoding the profile also runs the rejection sampler** (any method, ngram included:
+  ``_dummy_sampler_run`` in ``gpu_model_runner.py``), and from 0.12.0 that pass holds more than the plain
+  sampler pass: :meth:`VllmRelease.rejection_pass_float32_copies` (the sources are in
+  :mod:`sidecar.budget.profile`).
 """
 
 from __future__ import annotations
@@ -165,6 +169,16 @@ class VllmRelease:
     def counts_pinned_profile_segments(self) -> bool:
         """Whether freed but pinned allocator segments count as used when sizing the pool (0.27.0-0.30.x)."""
         return self.at_least(27) and not self.at_least(31)
+
+    def rejection_pass_float32_copies(self) -> int:
+        """Float32 ``R x vocab`` tensors the profile's rejection-sampler pass holds at its peak.
+
+        5 from 0.15.0 (the target rows are cloned), 4 in 0.12.0-0.14.x (0.12.0 read; 0.13 and 0.14 not);
+        0 before, where the pass (``R`` bf16 rows only, 0.10.0 and 0.11.0) stays below the plain sampler's.
+        """
+        if self.at_least(15):
+            return 5
+        return 4 if self.at_least(12) else 0
 
     def batch_defaults(self, gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> tuple[int, int]:
         """``vllm serve``'s ``(max_num_batched_tokens, max_num_seqs)`` when neither flag is given."""

@@ -72,7 +72,8 @@ def test_an_eagle3_head_for_llama_31_8b_weighs_what_its_tensors_hold() -> None:
     assert (
         drafted.kv_bytes_per_token * 32 == plain.kv_bytes_per_token * 33
     )  # its layer attends like the model's
-    assert plain.kv_pool_bytes - drafted.kv_pool_bytes == drafted.profile["drafter"]
+    more_activation = drafted.profile["activation"] - plain.profile["activation"]  # the rejection pass
+    assert plain.kv_pool_bytes - drafted.kv_pool_bytes == drafted.profile["drafter"] + more_activation
     assert any("eagle3" in note and "drafter" in note for note in drafted.notes)
 
 
@@ -188,7 +189,9 @@ def test_the_flag_reads_a_drafter_directory(tmp_path: Path) -> None:
 
 def test_a_draft_model_vllm_cannot_split_over_the_targets_tp_is_refused_in_one_line() -> None:
     target = published("meta-llama--Llama-3.1-70B-Instruct")
-    small = read_config_file(CONFIGS / "Qwen--Qwen2.5-1.5B-Instruct.json")  # 12 heads: TP 8 splits none evenly
+    small = read_config_file(
+        CONFIGS / "Qwen--Qwen2.5-1.5B-Instruct.json"
+    )  # 12 heads: TP 8 splits none evenly
     spec = SpeculativeSettings.parse('{"model": "Qwen/Qwen2.5-1.5B-Instruct"}').with_drafter(drafter(small))
     with pytest.raises(UsageError, match=r"^the draft model Qwen/Qwen2.5-1.5B-Instruct: .*8"):
         ledger(target, spec, tensor_parallel_size=8, gpu_memory_bytes=80 * GIB)

@@ -38,24 +38,58 @@ def plan(architecture: Architecture, spec: str | None, **changes: Any) -> PlanRe
     )
 
 
+def test_the_loaded_weights_note_names_what_is_beside_the_parameters() -> None:
+    model = architecture_from_config(DEEPSEEK)
+    note = next(n for n in build_ledger(plan(model, None)).notes if n.startswith("vLLM loads"))
+    assert note.endswith(": MLA's decode copies of kv_b_proj")  # bf16: not "embeddings stay 16-bit"
+
+
 def test_an_mtp_layer_adds_its_kv_to_every_token_and_its_weights_to_every_gpu() -> None:
     model = architecture_from_config(DEEPSEEK)
     plain, mtp = build_ledger(plan(model, None)), build_ledger(plan(model, '{"method": "mtp"}'))
     assert mtp.kv_bytes_per_token * 4 == plain.kv_bytes_per_token * 5  # four layers, and the MTP one
     assert mtp.profile["drafter"] > 0
     assert "drafter" not in plain.profile
-    assert plain.kv_pool_bytes - mtp.kv_pool_bytes == mtp.profile["drafter"]
+    more_activation = mtp.profile["activation"] - plain.profile["activation"]  # the rejection pass
+    assert plain.kv_pool_bytes - mtp.kv_pool_bytes == mtp.profile["drafter"] + more_activation
     kv_more = mtp.kv_bytes_total - plain.kv_bytes_total  # the seeds' ledger counts the drafter's weights too
-    assert mtp.total_bytes - plain.total_bytes == mtp.profile["drafter"] + kv_more
+    assert mtp.total_bytes - plain.total_bytes == mtp.profile["drafter"] + kv_more + more_activation
     alias = build_ledger(plan(model, '{"method": "deepseek_mtp", "num_speculative_tokens": 3}'))
     assert alias.profile["drafter"] == mtp.profile["drafter"]  # more draft tokens reuse the same layer
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_a_draftless_method_changes_nothing(method: str) -> None:
+def test_a_draftless_method_adds_no_weights_or_kv_only_the_rejection_pass(method: str) -> None:
     model = architecture_from_config(DEEPSEEK)
     spec = f'{{"method": "{method}", "num_speculative_tokens": 3, "prompt_lookup_max": 3}}'
-    assert build_ledger(plan(model, spec)).kv_pool_bytes == build_ledger(plan(model, None)).kv_pool_bytes
+    drafted, plain = build_ledger(plan(model, spec)), build_ledger(plan(model, None))
+    assert "drafter" not in drafted.profile
+    assert drafted.kv_bytes_per_token == plain.kv_bytes_per_token
+    rows = 256  # the profile's dummy requests on a 24 GiB card
+    assert drafted.profile["activation"] - plain.profile["activation"] == 12 * rows * 32000
+
+
+@pytest.mark.parametrize(
+    ("version", "bytes_per_row_and_token"),
+    [("0.11.0", 14), ("0.12.0", 22), ("0.14.1", 22), ("0.15.0", 26), ("0.32.0", 26)],
+)
+def test_the_rejection_pass_sets_the_sampler_peak_as_each_release_holds_it(
+    version: str, bytes_per_row_and_token: int
+) -> None:
+    model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
+    settings = {"vllm_version": version, "max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+    drafted = build_ledger(plan(model, '{"method": "ngram"}', **settings))
+    plain = build_ledger(plan(model, None, **settings))
+    sampler_only = plain.profile["activation"] - 1024 * 128256 * 14  # the rest: forward-free workspaces
+    assert drafted.profile["activation"] == sampler_only + 1024 * 128256 * bytes_per_row_and_token
+
+
+def test_the_rejection_pass_runs_on_the_last_pipeline_stage_only() -> None:
+    model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
+    drafted = build_ledger(replace(plan(model, '{"method": "ngram"}'), pipeline_parallel_size=2))
+    plain = build_ledger(replace(plan(model, None), pipeline_parallel_size=2))
+    assert drafted.stages[0].activation == plain.stages[0].activation
+    assert drafted.stages[-1].activation > plain.stages[-1].activation
 
 
 def test_a_drafter_of_its_own_is_said_to_be_left_out() -> None:
@@ -63,7 +97,9 @@ def test_a_drafter_of_its_own_is_said_to_be_left_out() -> None:
     ledger = build_ledger(
         plan(model, '{"method": "eagle3", "model": "org/draft", "num_speculative_tokens": 3}')
     )
-    assert ledger.kv_pool_bytes == build_ledger(plan(model, None)).kv_pool_bytes
+    plain = build_ledger(plan(model, None))
+    assert "drafter" not in ledger.profile
+    assert ledger.kv_bytes_per_token == plain.kv_bytes_per_token  # only the rejection pass is counted
     assert any("eagle3" in note and "not modelled" in note for note in ledger.notes)
 
 
@@ -103,3 +139,15 @@ def test_with_pipeline_stages_the_drafter_sits_on_the_last() -> None:
     assert first == 0  # its KV layer and its weights are the last stage's
     assert last < 0
     assert drafted.kv_pool_blocks == drafted.stages[-1].pool_blocks
+
+
+def test_the_plan_says_what_the_rejection_pass_costs() -> None:
+    model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
+    notes = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024)).notes
+    rejection = [note for note in notes if "rejection sampler" in note]
+    assert rejection == [
+        "speculative decoding: vLLM's start-up profile also runs its rejection sampler over the dummy "
+        "requests' logits, 1.47 GiB more activation peak (in the plan; fewer --max-num-seqs lowers it)"
+    ]  # 12 x 1,024 x 128,256 bytes
+    old = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024, vllm_version="0.11.0")).notes
+    assert not [note for note in old if "rejection sampler" in note]
