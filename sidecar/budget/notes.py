@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
+from sidecar.budget.profile import (
+    QUANTISED_DTYPES,
+    estimate_activation_bytes,
+    mla_absorbed_bytes,
+    rope_cache_bytes,
+)
 from sidecar.budget.speculative import DRAFTLESS_METHODS, drafter_kv_layers, drafter_kv_modelled
 from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
@@ -28,8 +35,7 @@ def plan_notes(
     notes: list[str] = []
     paper, loaded = weights
     if paper and abs(loaded - paper) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
-        mxfp4 = request.effective_weight_dtype == "mxfp4"
-        why = "MXFP4 experts padded to the kernel's tiles" if mxfp4 else "embeddings and LM head stay 16-bit"
+        why = _loaded_weights_reasons(request, paper)
         notes.append(f"vLLM loads {loaded / GIB:.2f} GiB of weights per GPU, not {paper / GIB:.2f}: {why}")
     arch = request.architecture
     length = request.effective_max_model_len
@@ -50,6 +56,8 @@ def plan_notes(
     notes.extend(_stage_notes(request, stages))
     notes.extend(_lora_notes(request))
     notes.extend(_speculative_notes(request))
+    if request.speculative is not None and request.speculative.method not in DRAFTLESS_METHODS:
+        notes.extend(_rejection_pass_note(request))
     if request.cpu_offload_bytes:
         notes.append(
             f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
@@ -68,11 +76,40 @@ def plan_notes(
     return tuple(notes)
 
 
+def _loaded_weights_reasons(request: PlanRequest, paper: int) -> str:
+    """Why vLLM's loaded weights differ from the paper figure (:mod:`sidecar.budget.profile`)."""
+    dtype = request.effective_weight_dtype
+    reasons = []
+    if dtype == "mxfp4":
+        reasons.append("MXFP4 experts padded to the kernel's tiles")
+    elif dtype in QUANTISED_DTYPES:
+        reasons.append("embeddings and LM head stay 16-bit")
+    if rope_cache_bytes(request) > LOADED_WEIGHTS_NOTE_FRACTION * paper:
+        reasons.append("RoPE cos/sin tables on every GPU")
+    if mla_absorbed_bytes(request):
+        reasons.append("MLA's decode copies of kv_b_proj")
+    return "; ".join(reasons) or "tensors beside the parameters"
+
+
+def _rejection_pass_note(request: PlanRequest) -> list[str]:
+    """What the profile's rejection-sampler pass adds to the activation peak, when it sets it."""
+    extra = estimate_activation_bytes(request) - estimate_activation_bytes(replace(request, speculative=None))
+    if extra <= 0:
+        return []
+    return [
+        f"speculative decoding: vLLM's start-up profile also runs its rejection sampler over the dummy "
+        f"requests' logits, {extra / GIB:.2f} GiB more activation peak (in the plan; fewer --max-num-seqs "
+        "lowers it)"
+    ]
+
+
 def _speculative_notes(request: PlanRequest) -> list[str]:
     """What the drafter adds, or what of it the plan leaves out."""
     spec = request.speculative
-    if spec is None or spec.method in DRAFTLESS_METHODS:
+    if spec is None:
         return []
+    if spec.method in DRAFTLESS_METHODS:
+        return _rejection_pass_note(request)
     if spec.own_model and spec.drafter is not None:
         drafter = spec.drafter.architecture
         notes = [
