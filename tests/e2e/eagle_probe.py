@@ -18,9 +18,7 @@ checkpoint by the test, not here). Used by ``test_eagle_drafters.py``.
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from inprocess import drafter_view, print_engines  # a sibling module: this script's folder is on sys.path
 from safetensors.torch import load_file, save_file
 
 HIDDEN, HEAD, DRAFT_VOCAB = 128, 64, 256
@@ -93,35 +92,14 @@ def make(tokenizer_dir: Path, root: Path) -> None:
     _save(root / "eagle", eagle, {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
 
 
-def _engine_view(worker: Any) -> dict[str, Any]:
-    runner = worker.model_runner
-    target = {id(p) for p in runner.model.parameters()}
-    drafter = getattr(getattr(runner, "drafter", None), "model", None)
-    own = [] if drafter is None else [n for n, p in drafter.named_parameters() if id(p) not in target]
-    config = runner.kv_cache_config
-    return {
-        "block_size": runner.cache_config.block_size,
-        "groups": [sorted(group.layer_names) for group in config.kv_cache_groups],
-        "num_blocks": config.num_blocks,
-        "drafter_own": sorted(own),
-    }
-
-
 def measure(root: Path) -> None:
     """Print what the engine holds without a drafter and with each."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM  # noqa: PLC0415 - vLLM reads the environment above when it is imported
-
-    for label in ("plain", *SPECS):
-        extra = {}
-        if label in SPECS:
-            extra["speculative_config"] = SPECS[label] | {"model": str(root / SPECS[label]["model"])}
-        llm = LLM(model=str(root / "target"), max_model_len=512, dtype="bfloat16", max_num_seqs=4, **extra)
-        print("DRAFTER " + json.dumps({"run": label, **llm.collective_rpc(_engine_view)[0]}), flush=True)
-        del llm
-        gc.collect()
+    common = {"model": str(root / "target"), "max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
+    runs = [("plain", common)] + [
+        (label, common | {"speculative_config": spec | {"model": str(root / spec["model"])}})
+        for label, spec in SPECS.items()
+    ]
+    print_engines("DRAFTER", runs, drafter_view)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ the peaks wander by a few ``R x vocab`` between runs). Used by ``test_rejection_
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 import transformers as tf
+from inprocess import print_engines  # a sibling module: this script's folder is on sys.path
 
 VOCAB, SEQUENCES = 65536, 256
 MMAP_THRESHOLD = "131072"  # glibc's default, fixed: every tensor of the sampler is its own mapping
@@ -63,18 +63,11 @@ def _sampler_peaks(worker: Any) -> dict[str, Any]:
 
 def measure(model: str) -> None:
     """Print the sampler pass's peaks without speculative decoding and with n-gram drafting."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM  # noqa: PLC0415 - vLLM reads the environment above when it is imported
-
+    common = {"model": model, "max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": SEQUENCES}
     ngram = {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 3}
-    for label, spec in (("plain", None), ("ngram", ngram)):
-        extra = {"speculative_config": spec} if spec else {}
-        llm = LLM(model=model, max_model_len=512, dtype="bfloat16", max_num_seqs=SEQUENCES, **extra)
-        print("SAMPLER " + json.dumps({"run": label, **llm.collective_rpc(_sampler_peaks)[0]}), flush=True)
-        del llm
-        gc.collect()
+    print_engines(
+        "SAMPLER", [("plain", common), ("ngram", common | {"speculative_config": ngram})], _sampler_peaks
+    )
 
 
 if __name__ == "__main__":

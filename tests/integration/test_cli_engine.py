@@ -121,10 +121,7 @@ async def test_run_no_proxy_end_to_end(fake_vllm: FakeVllm, tiny_model_dir: Path
         assert age is not None
         assert age > 0.5
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
-    assert proc.returncode == 0
-    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+        events = await _stop(proc)
     assert events.count("engine_down") == 1
     assert events[-1] == "stopped"
 
@@ -257,19 +254,40 @@ async def test_sigterm_under_load_loses_no_accepted_request(fake_vllm: FakeVllm)
     assert refusals == [(503, "draining")] * 5  # every queued request was answered, none lost
 
 
+def _empty_hf_cache(tmp_path: Path) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    return cache
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> list[str]:
+    """SIGTERM ``run``; the events it logged, once it has exited 0."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
+    assert proc.returncode == 0
+    return [json.loads(line)["event"] for line in err.decode().splitlines()]
+
+
+async def _run_offline(
+    fake_vllm: FakeVllm, cache: Path, *flags: str
+) -> tuple[str, str, asyncio.subprocess.Process]:
+    """``kv-sidecar run`` with ``flags``, offline over the HF cache at ``cache``; its ports and process."""
+    admin, proxy = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(cache.parent)}
+    proc = await asyncio.create_subprocess_exec(
+        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", proxy, "--admin-listen", admin,
+        "--gpu-memory", "24GiB", "--nvml", "off", "--model-retry", "0.3s", *flags,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    return admin, proxy, proc
+
+
 async def test_run_serves_while_its_model_is_unresolved_and_predicts_once_the_cache_has_it(
     fake_vllm: FakeVllm, tmp_path: Path
 ) -> None:
     """A Hub id outside the catalog, offline, not yet cached: traffic flows, /budget says why, then it resolves."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    admin, proxy = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
-    proc = await asyncio.create_subprocess_exec(
-        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", proxy, "--admin-listen", admin,
-        "--model", "acme/llama-next-8b", "--gpu-memory", "24GiB", "--nvml", "off", "--model-retry", "0.3s",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
+    cache = _empty_hf_cache(tmp_path)
+    admin, proxy, proc = await _run_offline(fake_vllm, cache, "--model", "acme/llama-next-8b")
     try:
         await _wait_for_admin("http://" + admin)
         async with httpx.AsyncClient(timeout=10) as client:
@@ -300,10 +318,7 @@ async def test_run_serves_while_its_model_is_unresolved_and_predicts_once_the_ca
         }
         assert budget["predicted"]["kv_pool_tokens"] > 0
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
-    assert proc.returncode == 0
-    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+        events = await _stop(proc)
     assert events.count("model_unresolved") == 1  # said once, not once per retry
     assert "model_resolved" in events
 
@@ -312,17 +327,11 @@ async def test_run_budgets_a_drafter_once_the_cache_has_its_config(
     fake_vllm: FakeVllm, tmp_path: Path
 ) -> None:
     """An EAGLE-3 head vLLM has not downloaded yet: predicted without it (and said why), then with it."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    admin, proxy = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path)}
-    drafter = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    cache, drafter = _empty_hf_cache(tmp_path), "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     spec = json.dumps({"method": "eagle3", "model": drafter, "num_speculative_tokens": 3})
-    proc = await asyncio.create_subprocess_exec(
-        *KV_SIDECAR, "run", "--upstream", fake_vllm.url, "--listen", proxy, "--admin-listen", admin,
-        "--model", "llama-3.1-8b", "--gpu-memory", "24GiB", "--nvml", "off", "--model-retry", "0.3s",
-        "--speculative-config", spec, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
+    admin, _, proc = await _run_offline(
+        fake_vllm, cache, "--model", "llama-3.1-8b", "--speculative-config", spec
+    )
     try:
         await _wait_for_admin("http://" + admin)
         async with httpx.AsyncClient(timeout=10) as client:
@@ -335,10 +344,7 @@ async def test_run_budgets_a_drafter_once_the_cache_has_its_config(
         assert predicted["vllm_profile"]["drafter_bytes"] == 849_635_328
         assert not any("not modelled" in note for note in predicted["notes"])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
-    assert proc.returncode == 0
-    events = [json.loads(line)["event"] for line in err.decode().splitlines()]
+        events = await _stop(proc)
     assert events.count("drafter_unresolved") == 1  # said once, not once per retry
     assert "drafter_resolved" in events
 
