@@ -80,6 +80,8 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         else {
             "method": req.speculative.method,
             "num_speculative_tokens": req.speculative.num_speculative_tokens,
+            "model": req.speculative.model,  # the drafter's, when it has one
+            "drafter_read": req.speculative.drafter is not None,  # its config.json was read
         },
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,

@@ -16,6 +16,7 @@ from sidecar.budget.architecture import Architecture, architecture_from_config, 
 from sidecar.budget.catalog import resolve_drafter
 from sidecar.budget.drafters import Drafter
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
+from sidecar.budget.report import ledger_to_dict
 from sidecar.budget.speculative import SpeculativeSettings, infer_method
 from sidecar.cli import build_parser, plan_request_from_args
 from sidecar.errors import UsageError
@@ -184,7 +185,15 @@ def test_the_flag_reads_a_drafter_directory(tmp_path: Path) -> None:
     request = plan_request_from_args(args)
     assert request.speculative is not None
     assert request.speculative.drafter is not None
-    assert build_ledger(request).profile["drafter"] == 849_635_328
+    ledger_ = build_ledger(request)
+    assert ledger_.profile["drafter"] == 849_635_328
+    inputs = ledger_to_dict(ledger_, [])["inputs"]["speculative"]
+    assert inputs == {
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "model": str(tmp_path),
+        "drafter_read": True,
+    }
 
 
 def test_a_draft_model_vllm_cannot_split_over_the_targets_tp_is_refused_in_one_line() -> None:
