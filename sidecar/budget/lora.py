@@ -29,8 +29,9 @@ the model's dtype):
 * **Embeddings and LM head**, only for the classes that list them in ``embedding_modules``: ``vocab x r`` plus
   ``H x r`` for the token embeddings, ``r x H`` plus ``vocab x r`` for the LM head (vLLM refuses an LM head
   slot for a vocabulary above 258,048). Which classes list them, support LoRA at all, or fuse QKV or gate-up
-  on disk is read from vLLM's registry by ``scripts/gen_vllm_lora_classes.py`` into
-  ``vllm_lora_classes.json``; a class it does not know is planned Llama-shaped, without embedding slots.
+  on disk is read from vLLM's registry by ``scripts/gen_vllm_model_classes.py`` into
+  ``vllm_model_classes.json`` (:mod:`sidecar.budget.vllm_classes`); a class it does not know is planned
+  Llama-shaped, without embedding slots.
 
 **CUDA graphs**: with LoRA, vLLM captures every graph twice, with and without adapters
 (``cudagraph_specialize_lora``, on by default from 0.12.0; ``CudagraphDispatcher._get_lora_cases``), so the
@@ -44,15 +45,13 @@ releases before 0.12.0 (a few MiB per slot).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture, MlaSpec
 from sidecar.budget.dtypes import FLOAT_DTYPES, serving_dtype, weight_bytes_per_param
 from sidecar.budget.parameters import dense_mlp_width
+from sidecar.budget.vllm_classes import vllm_class_table, vllm_class_table_version
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.errors import UsageError
 
@@ -103,21 +102,14 @@ class ClassFacts:
     gate_up_slices: int = _GATE_UP_SLICES
 
 
-@cache
-def _table() -> dict[str, Any]:
-    text = resources.files("sidecar.budget").joinpath("vllm_lora_classes.json").read_text(encoding="utf-8")
-    table: dict[str, Any] = json.loads(text)
-    return table
-
-
 def lora_table_version() -> str:
-    """The vLLM release ``vllm_lora_classes.json`` was read from."""
-    return str(_table()["vllm_version"])
+    """The vLLM release the class table was read from (:mod:`sidecar.budget.vllm_classes`)."""
+    return vllm_class_table_version()
 
 
 def class_facts(class_name: str | None) -> ClassFacts:
     """The LoRA facts of ``class_name`` (a config's ``architectures[0]``), Llama-shaped when unknown."""
-    table = _table()
+    table = vllm_class_table()
     if class_name in table["without_lora"]:
         return ClassFacts(known=True, supports_lora=False)
     facts = table["with_lora"].get(class_name or "")

@@ -8,6 +8,8 @@
 * ``--enable-lora`` on a model class without LoRA support, with an LM head adapter over too large a
   vocabulary, or a fully sharded rank that the TP size does not divide
   (:func:`sidecar.budget.lora.check_lora`).
+* An EAGLE-3 drafter on a model class that does not hand it hidden states
+  (:func:`sidecar.budget.speculative.check_speculative`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.budget.lora import check_lora
+from sidecar.budget.speculative import check_speculative
 from sidecar.errors import UsageError
 
 if TYPE_CHECKING:
@@ -46,3 +49,4 @@ def check_as_vllm_does(request: PlanRequest) -> None:
         )
     if request.lora is not None:
         check_lora(arch, request.lora, tp)
+    check_speculative(request)

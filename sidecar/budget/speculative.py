@@ -46,6 +46,7 @@ from sidecar.budget.profile import (
     mla_absorbed_bytes,
     rope_cache_bytes,
 )
+from sidecar.budget.vllm_classes import serves_eagle3, vllm_class_table_version
 from sidecar.errors import UsageError
 
 if TYPE_CHECKING:
@@ -131,6 +132,29 @@ class SpeculativeSettings:
     def modelled(self) -> bool:
         """Whether the plan accounts for this drafter's memory (none, MTP layers, or a sized model)."""
         return self.method in DRAFTLESS_METHODS or self.multi_token_prediction or self.own_model
+
+
+def check_speculative(request: PlanRequest) -> None:
+    """Refuse what vLLM refuses to start with: an EAGLE-3 head on a model that cannot feed it.
+
+    An EAGLE-3 head reads the target's auxiliary hidden states unless its config says
+    ``eagle_config.use_aux_hidden_state: false``; vLLM stops at start-up when the target's class does not
+    provide them ("Model does not support EAGLE3 interface", ``_setup_eagle3_aux_hidden_state_outputs`` in
+    ``v1/worker/gpu_model_runner.py``, 0.32.0; which classes do is read from its registry).
+    """
+    spec, arch = request.speculative, request.architecture
+    if (
+        spec is None
+        or spec.method != "eagle3"
+        or (spec.drafter is not None and not spec.drafter.aux_hidden_states)
+    ):
+        return
+    if serves_eagle3(arch.class_name) is False:
+        raise UsageError(
+            f"vLLM refuses an EAGLE-3 drafter for {arch.class_name}: the class does not hand a drafter its "
+            f"hidden states (SupportsEagle3, vLLM {vllm_class_table_version()}); use an EAGLE or draft-model "
+            "drafter, ngram, or no speculative decoding"
+        )
 
 
 def _own_drafter(request: PlanRequest) -> Drafter | None:

@@ -10,6 +10,9 @@ heads, one KV head of 64) and three drafters written as their published checkpoi
   ``2 x hidden -> hidden``) with a copy of the target's ``embed_tokens`` (as yuhuili/EAGLE-LLaMA3-Instruct-8B);
 * ``draft``: a one-layer Llama with two KV heads, so its KV page is twice the target's.
 
+A tiny Mixtral (``mixtral``) is made beside them: ``refused OUT`` asks vLLM for the EAGLE-3 head on it and
+prints what it answers (Mixtral's class does not hand a drafter its hidden states).
+
 ``measure OUT``: load the target in vLLM in-process (CPU, 1 GiB of KV) without a drafter and with each, and
 print as JSON per run the KV cache's block size, groups and blocks, and the names of the drafter's parameters
 that are not the target's (the CPU backend repacks linear weights, so their sizes are read from the
@@ -71,10 +74,15 @@ def _save(out: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -
 
 
 def make(tokenizer_dir: Path, root: Path) -> None:
-    """The target and the three drafters (see the module docstring)."""
+    """The targets and the three drafters (see the module docstring)."""
     for name, layers, kv_heads in (("target", 4, 1), ("draft", 1, 2)):
         config = tf.LlamaConfig(**{**BASE, "num_hidden_layers": layers, "num_key_value_heads": kv_heads})
         tf.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root / name)
+    mixtral = tf.MixtralConfig(
+        **{**BASE, "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2}
+    )
+    tf.MixtralForCausalLM(mixtral).to(torch.bfloat16).save_pretrained(root / "mixtral")
+    for name in ("target", "draft", "mixtral"):
         for file in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tokenizer_dir / file, root / name / file)
     norms3 = ("input_layernorm", "post_attention_layernorm", "hidden_norm")
@@ -102,9 +110,21 @@ def measure(root: Path) -> None:
     print_engines("DRAFTER", runs, drafter_view)
 
 
+def refused(root: Path) -> None:
+    """Print how vLLM answers the EAGLE-3 head on a Mixtral, a class that does not feed EAGLE-3 heads."""
+    spec = SPECS["eagle3"] | {"model": str(root / "eagle3")}
+    common = {"model": str(root / "mixtral"), "max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
+    try:
+        print_engines("DRAFTER", [("mixtral", common | {"speculative_config": spec})], drafter_view)
+    except Exception as exc:  # noqa: BLE001 - what the engine says is the result
+        print("REFUSED " + json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "make":
         make(Path(args[0]), Path(args[1]))
+    elif command == "refused":
+        refused(Path(args[0]))
     else:
         measure(Path(args[0]))

@@ -23,6 +23,7 @@ from sidecar.budget import load_architecture
 from sidecar.budget.catalog import resolve_drafter
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.speculative import SpeculativeSettings
+from sidecar.errors import UsageError
 from sidecar.units import GIB
 from tests.harness.vllm import run_probe
 
@@ -59,9 +60,9 @@ def _spec(root: Path, label: str) -> SpeculativeSettings | None:
     return resolve_drafter(SpeculativeSettings.parse(text))
 
 
-def _plan(root: Path, label: str, block_size: int) -> PlanRequest:
+def _plan(root: Path, label: str, block_size: int, target: str = "target") -> PlanRequest:
     return PlanRequest(
-        architecture=load_architecture(root / "target"), gpu_memory_bytes=24 * GIB, max_model_len=512,
+        architecture=load_architecture(root / target), gpu_memory_bytes=24 * GIB, max_model_len=512,
         block_size=block_size, kv_cache_memory_bytes=GIB, speculative=_spec(root, label),
     )  # fmt: skip  # the CPU engine's 1 GiB (VLLM_CPU_KVCACHE_SPACE)
 
@@ -103,3 +104,15 @@ def test_each_drafter_keeps_the_tensors_the_plan_counts(engine: tuple[Path, Any]
     assert {_vllm_name(name) for name in kept} == set(runs[label]["drafter_own"])
     planned = build_ledger(_plan(root, label, runs[label]["block_size"])).profile["drafter"]
     assert planned == sum(kept.values())
+
+
+def test_vllm_and_the_plan_refuse_an_eagle3_head_on_a_class_that_cannot_feed_it(
+    vllm_env: Path, engine: tuple[Path, Any]
+) -> None:
+    root, _ = engine
+    lines = run_probe(vllm_env, PROBE, "refused", str(root)).splitlines()
+    answers = [json.loads(x.removeprefix("REFUSED ")) for x in lines if x.startswith("REFUSED ")]
+    assert answers, lines[-5:]  # the engine did not start
+    assert "does not support EAGLE3" in answers[0]["error"]
+    with pytest.raises(UsageError, match=r"^vLLM refuses an EAGLE-3 drafter for MixtralForCausalLM"):
+        _plan(root, "eagle3", 16, target="mixtral")

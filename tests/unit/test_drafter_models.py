@@ -204,3 +204,23 @@ def test_a_draft_model_vllm_cannot_split_over_the_targets_tp_is_refused_in_one_l
     spec = SpeculativeSettings.parse('{"model": "Qwen/Qwen2.5-1.5B-Instruct"}').with_drafter(drafter(small))
     with pytest.raises(UsageError, match=r"^the draft model Qwen/Qwen2.5-1.5B-Instruct: .*8"):
         ledger(target, spec, tensor_parallel_size=8, gpu_memory_bytes=80 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("target", "changes", "refused"),
+    [
+        ("mistralai--Mixtral-8x7B-Instruct-v0.1", {}, True),  # MixtralForCausalLM: no SupportsEagle3
+        ("mistralai--Mixtral-8x7B-Instruct-v0.1", {"eagle_config": {"use_aux_hidden_state": False}}, False),
+        ("meta-llama--Llama-3.1-8B-Instruct", {}, False),
+        ("Qwen--Qwen2.5-VL-7B-Instruct", {}, False),  # not in the table (its module needs torchvision)
+    ],
+)
+def test_an_eagle3_head_on_a_class_that_cannot_feed_it_is_refused(
+    target: str, changes: dict[str, Any], refused: bool
+) -> None:
+    spec = eagle3(EAGLE3_LLAMA31_8B | changes)
+    if refused:
+        with pytest.raises(UsageError, match=r"^vLLM refuses an EAGLE-3 drafter for MixtralForCausalLM: .*"):
+            ledger(published(target), spec, gpu_memory_bytes=80 * GIB)
+    else:
+        ledger(published(target), spec, gpu_memory_bytes=80 * GIB)

