@@ -47,4 +47,7 @@ def test_wheel_carries_the_catalog_and_type_marker(tmp_path: Path) -> None:
     catalog = {n for n in names if n.startswith("sidecar/budget/models/") and n.endswith(".json")}
     assert len(catalog) == 17
     assert "sidecar/py.typed" in names
+    tables = {f"sidecar/budget/{path.name}" for path in (ROOT / "sidecar" / "budget").glob("*.json")}
+    assert tables <= names  # every table the planner reads at run time (renaming one must not drop it)
+    assert "sidecar/budget/vllm_model_classes.json" in tables
     assert any(n.endswith("entry_points.txt") for n in names)
