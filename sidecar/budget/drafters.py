@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from sidecar.budget.architecture import Architecture, LayerKind, architecture_from_config
+from sidecar.errors import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -85,17 +86,33 @@ class Drafter:
     def from_config(cls, config: Mapping[str, Any]) -> Drafter:
         """Read the fields vLLM's EAGLE classes and the draft model read (raises ``ConfigError``)."""
         arch = architecture_from_config(config)
-        eagle: Mapping[str, Any] = config.get("eagle_config") or {}
-        layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-        aux = config.get("num_aux_hidden_states") or len(layer_ids or ()) or DEFAULT_AUX_HIDDEN_STATES
+        eagle = config.get("eagle_config") or {}
+        if not isinstance(eagle, Mapping):
+            raise ConfigError(
+                f"the drafter's config.json has an eagle_config that is not an object: {eagle!r}"
+            )
+        layer_ids = eagle.get("eagle_aux_hidden_state_layer_ids") or ()
+        aux = config.get("num_aux_hidden_states") or len(layer_ids) or DEFAULT_AUX_HIDDEN_STATES
         if not eagle.get("use_aux_hidden_state", True):
             aux = 0
-        target_hidden = config.get("target_hidden_size")
+        vocab, target_hidden = (
+            config.get("draft_vocab_size") or arch.vocab_size,
+            config.get("target_hidden_size"),
+        )
+        for name, value in (
+            ("draft_vocab_size", vocab),
+            ("num_aux_hidden_states", aux),
+            ("target_hidden_size", target_hidden),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(
+                    f"the drafter's config.json gives {name} {value!r}: a whole number is needed"
+                )
         return cls(
             architecture=arch,
-            draft_vocab_size=int(config.get("draft_vocab_size") or arch.vocab_size),
-            aux_hidden_states=int(aux),
-            target_hidden_size=int(target_hidden) if isinstance(target_hidden, int) else None,
+            draft_vocab_size=vocab,
+            aux_hidden_states=aux,
+            target_hidden_size=target_hidden,
             norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
             fc_norm=bool(config.get("fc_norm", False)),
         )

@@ -224,3 +224,26 @@ def test_an_eagle3_head_on_a_class_that_cannot_feed_it_is_refused(
             ledger(published(target), spec, gpu_memory_bytes=80 * GIB)
     else:
         ledger(published(target), spec, gpu_memory_bytes=80 * GIB)
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"draft_vocab_size": "32k"}, "draft_vocab_size '32k'"),
+        ({"eagle_config": ["norm_before_fc"]}, "eagle_config that is not an object"),
+        ({"hidden_size": None}, "hidden_size"),
+    ],
+)
+def test_a_drafter_config_that_cannot_be_read_is_noted_not_a_traceback(
+    tmp_path: Path, changes: dict[str, Any], problem: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(EAGLE3_LLAMA31_8B | changes))
+    spec = resolve_drafter(
+        SpeculativeSettings.parse(json.dumps({"method": "eagle3", "model": str(tmp_path)}))
+    )
+    assert spec is not None
+    assert spec.drafter is None
+    assert spec.drafter_problem is not None
+    assert problem in spec.drafter_problem
+    notes = ledger(published("meta-llama--Llama-3.1-8B-Instruct"), spec).notes
+    assert any("not modelled" in note and problem in note for note in notes)
