@@ -3,7 +3,9 @@
 Starting from a request that is ``tight`` or ``does-not-fit``, :func:`advise` tries, each on its own and in
 the seeds' combinations: an FP8 KV cache, INT8 or INT4 weights, both, fewer concurrent full-length sequences
 (the most that fit), a shorter context (the longest multiple of 1024 tokens that fits), with LoRA fewer
-adapter slots or a lower rank (the most that fit) and, when one card cannot hold the weights, more GPUs
+adapter slots or a lower rank (the most that fit), with speculative decoding the same deployment without it
+(its drafter and the profile's rejection pass give their memory back) and, when one card cannot hold the
+weights, more GPUs
 (tensor parallel 2, 4 or 8, where vLLM accepts the size). It returns only the alternatives whose verdict is
 ``fits``, each with the settings it changes, its own totals and a caveat where one applies (FP8 KV on a GPU
 without FP8 hardware, or on a GPU the catalog does not know).
@@ -115,7 +117,7 @@ def advise(request: PlanRequest) -> list[Option]:
             options.append(
                 Option("shorter context", {"max_model_len": shorter.max_model_len}, build_ledger(shorter))
             )
-    return options + _smaller_lora(request) + _more_gpus(request, current)
+    return options + _smaller_lora(request) + _without_drafting(request) + _more_gpus(request, current)
 
 
 def _smaller_lora(request: PlanRequest) -> list[Option]:
@@ -136,3 +138,14 @@ def _smaller_lora(request: PlanRequest) -> list[Option]:
         changes = {"max_lora_rank": lower.lora.max_lora_rank}
         options.append(Option("lower LoRA rank", changes, build_ledger(lower)))
     return options
+
+
+def _without_drafting(request: PlanRequest) -> list[Option]:
+    """With ``--speculative-config``: the same deployment without it (no drafter, no rejection pass)."""
+    if request.speculative is None:
+        return []
+    plain = build_ledger(replace(request, speculative=None))
+    if plain.verdict is not Verdict.FITS:
+        return []
+    changes: dict[str, str | int] = {"speculative_config": "none"}
+    return [Option("no speculative decoding", changes, plain, "decoding is slower without the drafter")]

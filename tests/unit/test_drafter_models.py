@@ -7,17 +7,20 @@ these pin the rules on published configs and at their edges.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sidecar.budget.advice import advise
 from sidecar.budget.architecture import Architecture, architecture_from_config, read_config_file
-from sidecar.budget.catalog import resolve_drafter
+from sidecar.budget.catalog import resolve_drafter, resolve_gpu
 from sidecar.budget.drafters import Drafter
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.budget.report import ledger_to_dict
 from sidecar.budget.speculative import SpeculativeSettings, infer_method
+from sidecar.budget.verdict import Verdict
 from sidecar.cli import build_parser, plan_request_from_args
 from sidecar.errors import UsageError
 from tests.hf_cache import add_model
@@ -247,3 +250,22 @@ def test_a_drafter_config_that_cannot_be_read_is_noted_not_a_traceback(
     assert problem in spec.drafter_problem
     notes = ledger(published("meta-llama--Llama-3.1-8B-Instruct"), spec).notes
     assert any("not modelled" in note and problem in note for note in notes)
+
+
+def test_when_the_drafter_is_what_does_not_fit_plan_offers_to_go_without_it() -> None:
+    target = published("meta-llama--Llama-3.1-8B-Instruct")
+    request = PlanRequest(
+        architecture=target,
+        gpu_memory_bytes=resolve_gpu("l4").memory_bytes,
+        max_model_len=24576,
+        gpu="l4",
+        speculative=eagle3(),
+    )
+    without = [option for option in advise(request) if option.description == "no speculative decoding"]
+    assert [option.changes for option in without] == [{"speculative_config": "none"}]
+    assert without[0].ledger.request.speculative is None
+    assert without[0].ledger.verdict is Verdict.FITS
+    assert build_ledger(request).verdict is not Verdict.FITS
+    assert not [
+        o for o in advise(replace(request, speculative=None)) if o.description == "no speculative decoding"
+    ]
