@@ -43,6 +43,8 @@ def class_facts(cls: Any) -> dict[str, Any] | None:
         return None
     packed = dict(getattr(cls, "packed_modules_mapping", None) or {})
     facts: dict[str, Any] = {"embeddings": sorted(getattr(cls, "embedding_modules", None) or {})}
+    if packed:  # which targets --lora-target-modules matches through a packed module (class level)
+        facts["packed"] = {name: list(children) for name, children in sorted(packed.items())}
     if _self_mapped(packed, FUSED_QKV):
         facts["qkv_slices"] = 1
     if _self_mapped(packed, FUSED_GATE_UP):

@@ -179,6 +179,12 @@ def add_lora_flags(group: argparse._ArgumentGroup) -> None:
         help=f"vLLM --max-lora-rank: {', '.join(map(str, LORA_RANKS))} (default {DEFAULT_MAX_LORA_RANK})",
     )
     add("--fully-sharded-loras", action="store_true", help="vLLM --fully-sharded-loras")
+    add(
+        "--lora-target-modules",
+        nargs="+",
+        metavar="MODULE",
+        help="vLLM --lora-target-modules (0.20 on): only these layers get slots (o_proj q_proj ...)",
+    )
 
 
 def lora_slots_from_args(args: argparse.Namespace) -> LoraSlots | None:
@@ -187,6 +193,7 @@ def lora_slots_from_args(args: argparse.Namespace) -> LoraSlots | None:
         "--max-loras": args.max_loras,
         "--max-lora-rank": args.max_lora_rank,
         "--fully-sharded-loras": args.fully_sharded_loras,
+        "--lora-target-modules": args.lora_target_modules,
     }
     given = [flag for flag, value in sizes.items() if value]
     if not args.enable_lora:
@@ -197,4 +204,5 @@ def lora_slots_from_args(args: argparse.Namespace) -> LoraSlots | None:
         max_loras=args.max_loras or DEFAULT_MAX_LORAS,
         max_lora_rank=args.max_lora_rank or DEFAULT_MAX_LORA_RANK,
         fully_sharded=args.fully_sharded_loras,
+        target_modules=frozenset(args.lora_target_modules) if args.lora_target_modules else None,
     )

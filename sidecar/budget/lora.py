@@ -37,15 +37,24 @@ the model's dtype):
 (``cudagraph_specialize_lora``, on by default from 0.12.0; ``CudagraphDispatcher._get_lora_cases``), so the
 default CUDA-graph estimate doubles (a measured ``--cuda-graph-memory`` is taken as given).
 
-Not modelled: ``--lora-dtype`` other than the model's (only an fp32 checkpoint would differ),
-``--lora-target-modules`` (fewer wrapped layers), adapters on a vision tower
+**``--lora-target-modules``** (vLLM 0.20 on; absent in 0.15.0) keeps slots only in the layers it names:
+a layer name's last part that is listed, or a packed layer one of whose parts is (``q_proj`` gives the whole
+packed ``qkv_proj`` its slots), as ``is_in_target_modules`` decides with the class's
+``packed_modules_mapping`` (read from the registry; what classes add at run time, DeepSeek's
+``fused_qkv_a_proj`` and the MoE classes' ``gate_up_proj``, is added here); the embeddings and LM head only
+when listed. Checked on the real CPU engine with five families (Llama, Phi-3, OLMo, Qwen2-MoE, DeepSeek-V2)
+(``tests/e2e/test_lora_slots.py``).
+
+Not modelled: ``--lora-dtype`` other than the model's (only an fp32 checkpoint would differ), target names
+of non-gated MLPs (Falcon's, GPT-2's: their layers keep slots), adapters on a vision tower
 (``--enable-tower-connector-lora``), ``--enable-moe-shared-loras``, and the 256 extra vocabulary rows of
 releases before 0.12.0 (a few MiB per slot).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture, MlaSpec
@@ -80,6 +89,7 @@ class LoraSlots:
     max_loras: int = DEFAULT_MAX_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     fully_sharded: bool = False  # vLLM --fully-sharded-loras
+    target_modules: frozenset[str] | None = None  # vLLM --lora-target-modules (None: every supported one)
 
     def __post_init__(self) -> None:
         if self.max_loras < 1:
@@ -100,6 +110,7 @@ class ClassFacts:
     embeddings: tuple[str, ...] = ()
     qkv_slices: int = _QKV_SLICES
     gate_up_slices: int = _GATE_UP_SLICES
+    packed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # packed module -> its parts
 
 
 def lora_table_version() -> str:
@@ -120,6 +131,7 @@ def class_facts(class_name: str | None) -> ClassFacts:
         embeddings=tuple(facts["embeddings"]),
         qkv_slices=facts.get("qkv_slices", _QKV_SLICES),
         gate_up_slices=facts.get("gate_up_slices", _GATE_UP_SLICES),
+        packed={name: tuple(parts) for name, parts in facts.get("packed", {}).items()},
     )
 
 
@@ -169,6 +181,36 @@ class _Shapes:
     def rank(self) -> int:
         return self.slots.max_lora_rank
 
+    def _inferred_packing(self) -> dict[str, tuple[str, ...]]:
+        """Llama's packing, for what a class leaves out of its declared mapping.
+
+        A class that declares none gets its layers' (``get_packed_modules_mapping``, as OLMo's); Qwen2-MoE and
+        Qwen3-MoE add ``gate_up_proj`` at run time when a shared expert or dense layers exist.
+        """
+        packing: dict[str, tuple[str, ...]] = {}
+        if self.facts.qkv_slices > 1:
+            packing["qkv_proj"] = ("q_proj", "k_proj", "v_proj")
+        if self.facts.gate_up_slices > 1:
+            packing["gate_up_proj"] = ("gate_proj", "up_proj")
+        return packing
+
+    def wraps(self, module: str) -> bool:
+        """Whether vLLM gives ``module`` (a layer name's last part) slots under ``--lora-target-modules``.
+
+        As ``is_in_target_modules`` (``vllm/lora/utils.py``, 0.32.0): the name itself, or a packed module
+        one of whose parts is named, or a part whose packed module is named.
+        """
+        targets = self.slots.target_modules
+        if targets is None or module in targets:
+            return True
+        packed = self._inferred_packing() | dict(self.facts.packed)
+        mla = self.arch.mla
+        if mla is not None and mla.q_lora_rank:  # DeepseekV2ForCausalLM adds it when it fuses q_a and kv_a
+            packed.setdefault("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa"))
+        if any(part in targets for part in packed.get(module, ())):
+            return True
+        return any(module in parts and name in targets for name, parts in packed.items())
+
     @property
     def rank_a(self) -> int:  # a column-parallel A's rank: split by TP when fully sharded
         return self.rank // self.tp if self.slots.fully_sharded else self.rank
@@ -185,7 +227,7 @@ class _Shapes:
         q = arch.num_attention_heads * arch.head_dim
         kv = arch.kv_heads_per_gpu(tp) * arch.head_dim
         qkv = _column(self.rank_a, r, arch.hidden_size, q // tp + 2 * kv, self.facts.qkv_slices)
-        return qkv + _row(r, q // tp, self.row_out)
+        return qkv * self.wraps("qkv_proj") + _row(r, q // tp, self.row_out) * self.wraps("o_proj")
 
     def mla(self, mla: MlaSpec) -> int:
         arch, tp, r = self.arch, self.tp, self.rank
@@ -193,14 +235,14 @@ class _Shapes:
         latent = mla.kv_lora_rank + mla.qk_rope_head_dim
         q_out = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) // tp
         if mla.q_lora_rank:  # fused q_a / kv_a (no TP), then q_b from the query latent
-            down = _column(r, r, hidden, mla.q_lora_rank + latent, 2)
-            query = _column(self.rank_a, r, mla.q_lora_rank, q_out)
+            down = _column(r, r, hidden, mla.q_lora_rank + latent, 2) * self.wraps("fused_qkv_a_proj")
+            query = _column(self.rank_a, r, mla.q_lora_rank, q_out) * self.wraps("q_b_proj")
         else:  # q_proj column-parallel, kv_a_proj_with_mqa replicated
-            down = _column(r, r, hidden, latent)
-            query = _column(self.rank_a, r, hidden, q_out)
+            down = _column(r, r, hidden, latent) * self.wraps("kv_a_proj_with_mqa")
+            query = _column(self.rank_a, r, hidden, q_out) * self.wraps("q_proj")
         kv_out = heads * (mla.qk_nope_head_dim + mla.v_head_dim) // tp
-        kv_up = _column(self.rank_a, r, mla.kv_lora_rank, kv_out)
-        out = _row(r, heads * mla.v_head_dim // tp, self.row_out)
+        kv_up = _column(self.rank_a, r, mla.kv_lora_rank, kv_out) * self.wraps("kv_b_proj")
+        out = _row(r, heads * mla.v_head_dim // tp, self.row_out) * self.wraps("o_proj")
         return down + query + kv_up + out
 
     def mlp(self, width: int) -> int:
@@ -208,7 +250,10 @@ class _Shapes:
         slices = self.facts.gate_up_slices if gated else 1
         outputs = (2 if gated else 1) * width // self.tp
         up = _column(self.rank_a, self.rank, self.arch.hidden_size, outputs, slices)
-        return up + _row(self.rank, width // self.tp, self.row_out)
+        down = _row(self.rank, width // self.tp, self.row_out)
+        if not gated:  # Falcon's, GPT-2's names are not modelled: their MLPs keep their slots
+            return up + down
+        return up * self.wraps("gate_up_proj") + down * self.wraps("down_proj")
 
     def moe(self, request: PlanRequest) -> int:
         moe, placement = self.arch.moe, request.experts
@@ -219,19 +264,20 @@ class _Shapes:
         w13 = 2 * self.rank_a * hidden + 2 * width * r
         w2 = r * width + self.row_out * r
         with_slots = request.release.at_least(EXPERT_SLOTS_SINCE)
-        experts = placement.experts_per_gpu * (w13 + w2) if with_slots else 0
-        router = _column(r, r, hidden, moe.num_experts)
+        experts = placement.experts_per_gpu * (w13 + w2) * self.wraps("experts") if with_slots else 0
+        router = _column(r, r, hidden, moe.num_experts) * self.wraps("gate")
         shared = self.mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else 0
-        if shared and self.arch.model_type in SHARED_EXPERT_GATE_TYPES:
-            shared += _column(r, r, hidden, 1)  # the shared expert's one-output gate, replicated
+        if moe.shared_intermediate_size and self.arch.model_type in SHARED_EXPERT_GATE_TYPES:
+            shared += _column(r, r, hidden, 1) * self.wraps("shared_expert_gate")  # one output, replicated
         return experts + router + shared
 
     def embeddings(self) -> int:
         arch, r = self.arch, self.rank
         total = 0
-        if "embed_tokens" in self.facts.embeddings or "wte" in self.facts.embeddings:
+        embed = next((name for name in ("embed_tokens", "wte") if name in self.facts.embeddings), None)
+        if embed is not None and self.wraps(embed):
             total += arch.vocab_size * r + arch.hidden_size * r
-        if "lm_head" in self.facts.embeddings:
+        if "lm_head" in self.facts.embeddings and self.wraps("lm_head"):
             total += r * arch.hidden_size + arch.vocab_size * r
         return total
 

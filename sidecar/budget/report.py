@@ -73,6 +73,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
             "max_loras": req.lora.max_loras,
             "max_lora_rank": req.lora.max_lora_rank,
             "fully_sharded_loras": req.lora.fully_sharded,
+            "target_modules": sorted(req.lora.target_modules) if req.lora.target_modules else None,
         },
         "cpu_offload_bytes": req.cpu_offload_bytes,
         "speculative": None

@@ -1,8 +1,8 @@
 """Run with vLLM's python: build tiny models of several families, or load them with LoRA and sum their slots.
 
 ``make TOKENIZER_DIR OUT_ROOT KIND...``: a random-weight model of each ``KIND`` (see ``KINDS``) in
-``OUT_ROOT/KIND``, two layers of width 128, with the tokenizer of ``TOKENIZER_DIR``. ``measure MODEL:LORAS:RANK
-...``: load each model in vLLM in-process (CPU, one process for all) with ``enable_lora`` and print, one JSON
+``OUT_ROOT/KIND``, two layers of width 128, with the tokenizer of ``TOKENIZER_DIR``. ``measure
+MODEL:LORAS:RANK[@TARGET+TARGET...] ...``: load each model in vLLM in-process (CPU, one process for all) with ``enable_lora`` and print, one JSON
 line each, the bytes of every LoRA buffer the loaded model holds (a view of another buffer is not counted
 twice). Used by ``test_lora_slots.py``.
 """
@@ -77,17 +77,18 @@ def _lora_buffers(model: Any) -> dict[str, int]:
 
 
 def measure(specs: list[str]) -> None:
-    """Print the LoRA buffers of each ``MODEL:LORAS:RANK`` as vLLM loads it."""
+    """Print the LoRA buffers of each ``MODEL:LORAS:RANK[@TARGETS]`` as vLLM loads it (targets: ``+``-joined)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM  # noqa: PLC0415 - vLLM reads the environment above when it is imported
 
     for spec in specs:
-        model, max_loras, rank = spec.rsplit(":", 2)
+        sizes, _, targets = spec.partition("@")
+        model, max_loras, rank = sizes.rsplit(":", 2)
         llm = LLM(
             model=model, enable_lora=True, max_loras=int(max_loras), max_lora_rank=int(rank), max_model_len=512,
-            dtype="bfloat16", max_num_seqs=4,
+            dtype="bfloat16", max_num_seqs=4, lora_target_modules=targets.split("+") if targets else None,
         )  # fmt: skip
         buffers = llm.apply_model(_lora_buffers)[0]
         record = {"spec": spec, "total": sum(buffers.values()), "buffers": buffers}

@@ -50,7 +50,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "moe-data-parallel": {"model": {"name": "Qwen/Qwen3-30B-A3B"},
                           "vllm": {"dataParallelSize": 2, "enableExpertParallel": True}, "sidecar": {"gpu": "h100"}},
     "lora": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "sidecar": {"gpu": "l4"},
-             "vllm": {"lora": {"enabled": True, "maxLoras": 4, "maxLoraRank": 64, "fullySharded": True},
+             "vllm": {"lora": {"enabled": True, "maxLoras": 4, "maxLoraRank": 64, "fullySharded": True,
+                               "targetModules": ["q_proj", "o_proj"]},
                       "cpuOffloadGb": 2.5, "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 3,
                                                                "prompt_lookup_max": 4}}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
@@ -387,8 +388,10 @@ def test_drafter_lora_and_offload_settings_reach_both_containers_and_the_sidecar
     vllm, sidecar_args = flags(pods["vllm"]["args"]), pods["kv-sidecar"]["args"]
     assert (vllm["--enable-lora"], vllm["--max-loras"], vllm["--max-lora-rank"]) == (True, "4", "64")
     assert lora_slots_from_args(build_parser().parse_args(sidecar_args)) == LoraSlots(
-        4, 64, fully_sharded=True
+        4, 64, fully_sharded=True, target_modules=frozenset({"q_proj", "o_proj"})
     )
+    targets = pods["vllm"]["args"].index("--lora-target-modules")
+    assert pods["vllm"]["args"][targets + 1 : targets + 3] == ["q_proj", "o_proj"]
     assert "--enable-lora" not in flags(containers(render({}))["vllm"]["args"])
     assert vllm["--cpu-offload-gb"] == "2.5"
     inputs = plan_inputs_from_args(build_parser().parse_args(sidecar_args))

@@ -276,3 +276,38 @@ def test_a_cpu_offload_vllm_would_not_take_is_refused(text: str) -> None:
     with pytest.raises(UsageError, match="--cpu-offload-gb"):
         cpu_offload_gib(text)
     assert cpu_offload_gib("2.5") == 5 * GIB // 2
+
+
+QKV = 3 * RANK * H + (8 * 128 + 2 * 2 * 128) * RANK  # one Llama layer's packed QKV, per slot
+OUT = RANK * 8 * 128 + H * RANK
+GATE_UP, DOWN = 2 * RANK * H + 2 * 4096 * RANK, RANK * 4096 + H * RANK
+
+
+@pytest.mark.parametrize(
+    ("targets", "per_slot"),
+    [
+        (("q_proj",), 2 * QKV),  # a part names its packed layer: the whole QKV keeps its slots
+        (("qkv_proj", "o_proj"), 2 * (QKV + OUT)),
+        (("up_proj", "down_proj"), 2 * (GATE_UP + DOWN)),
+        (("lm_head",), RANK * H + VOCAB * RANK),  # embeddings only when listed
+        (("embed_tokens", "v_proj"), VOCAB * RANK + H * RANK + 2 * QKV),
+        (("not_a_layer",), 0),
+    ],
+)
+def test_target_modules_keep_slots_only_where_vllm_keeps_them(
+    targets: tuple[str, ...], per_slot: int
+) -> None:
+    slots = LoraSlots(max_loras=2, max_lora_rank=RANK, target_modules=frozenset(targets))
+    assert lora_slot_bytes(request(arch(), lora=slots), slots) == 2 * per_slot * 2  # two slots, bf16
+    everything = LoraSlots(max_loras=2, max_lora_rank=RANK)
+    assert (
+        lora_slot_bytes(request(arch(), lora=everything), everything)
+        == 2 * (2 * (QKV + OUT + GATE_UP + DOWN) + EMBEDDINGS) * 2
+    )
+
+
+def test_the_target_modules_flag() -> None:
+    args = _plan_args("--enable-lora", "--lora-target-modules", "q_proj", "v_proj")
+    assert plan_request_from_args(args).lora == LoraSlots(target_modules=frozenset({"q_proj", "v_proj"}))
+    with pytest.raises(UsageError, match="--lora-target-modules sizes LoRA adapter slots: add --enable-lora"):
+        lora_slots_from_args(_plan_args("--lora-target-modules", "q_proj"))

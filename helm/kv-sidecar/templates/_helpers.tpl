@@ -62,6 +62,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.vllm.lora.fullySharded }}
 - --fully-sharded-loras
 {{- end }}
+{{- with .Values.vllm.lora.targetModules }}
+- --lora-target-modules
+{{- range . }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
