@@ -75,6 +75,8 @@ DEFAULT_MAX_LORA_RANK: Final = 16
 """vLLM's ``--max-lora-rank`` default."""
 MAX_LM_HEAD_VOCAB: Final = 258_048
 """The largest vocabulary vLLM gives an LM head adapter slots (``LogitsProcessorWithLoRA``)."""
+TARGET_MODULES_SINCE: Final = 20
+"""The first minor release read with ``--lora-target-modules`` (0.20.0; 0.15.0 has none)."""
 EXPERT_SLOTS_SINCE: Final = 12
 """The minor release from which routed experts have adapter slots and graphs are captured twice."""
 SHARED_EXPERT_GATE_TYPES: Final = frozenset({"qwen2_moe", "qwen3_next"})

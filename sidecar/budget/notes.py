@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.kv_groups import kv_groups
-from sidecar.budget.lora import class_facts, lora_graph_copies, lora_table_version
+from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
 from sidecar.budget.profile import (
     QUANTISED_DTYPES,
@@ -150,6 +150,11 @@ def _lora_notes(request: PlanRequest) -> list[str]:
         notes.append(
             f"vLLM's LoRA layout for {arch.class_name or 'this model'} is not in the table read from vLLM "
             f"{lora_table_version()}: its adapter slots are planned Llama-shaped, without embedding slots"
+        )
+    if slots.target_modules and not request.release.at_least(TARGET_MODULES_SINCE):
+        notes.append(
+            f"--lora-target-modules: vLLM {request.release} may not take it (absent in 0.15.0, present in "
+            "0.20.0); without it every layer gets slots"
         )
     if lora_graph_copies(slots, request.release) > 1 and request.cuda_graph_bytes is None:
         notes.append("vLLM captures each CUDA graph with and without adapters: the graph estimate is doubled")

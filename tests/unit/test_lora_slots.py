@@ -311,3 +311,10 @@ def test_the_target_modules_flag() -> None:
     assert plan_request_from_args(args).lora == LoraSlots(target_modules=frozenset({"q_proj", "v_proj"}))
     with pytest.raises(UsageError, match="--lora-target-modules sizes LoRA adapter slots: add --enable-lora"):
         lora_slots_from_args(_plan_args("--lora-target-modules", "q_proj"))
+
+
+def test_target_modules_on_a_release_that_may_not_take_them_are_noted() -> None:
+    slots = LoraSlots(target_modules=frozenset({"q_proj"}))
+    old = build_ledger(request(arch(), lora=slots, vllm_version="0.15.0")).notes
+    assert any(note.startswith("--lora-target-modules: vLLM 0.15.0 may not take it") for note in old)
+    assert not any("may not take it" in note for note in build_ledger(request(arch(), lora=slots)).notes)
