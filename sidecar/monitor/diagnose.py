@@ -15,6 +15,7 @@ and the seeds' advice. Both functions are pure: time comes in as ``now``.
 | ``engine-metrics-missing`` | warning | the page has neither KV-usage metric (renamed or not vLLM) |
 | ``no-prediction`` | info | no ``--model`` given, so nothing to compare |
 | ``model-unresolved`` | warning | ``--model`` could not be resolved (yet): no prediction; retried |
+| ``drafter-unresolved`` | warning | the drafter's config could not be read (yet): predicted without it |
 | ``kv-pool-drift`` | warning | engine pool differs from the prediction by more than 20% (info above 5%) |
 | ``max-concurrency-below-one`` | critical | one full-length request does not fit the pool |
 | ``max-concurrency-below-target`` | warning | fewer full-length requests fit than ``--concurrency`` |
@@ -37,7 +38,7 @@ from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.ledger import Ledger, PlanRequest
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.monitor.gpu import GpuSnapshot
-from sidecar.monitor.history import Observation, SignalHistory
+from sidecar.monitor.history import SignalHistory
 from sidecar.settings import default_of
 from sidecar.signals.engines import BY_KIND
 from sidecar.signals.kinds import EngineKind
@@ -71,6 +72,7 @@ class DiagnosisId(StrEnum):
     ENGINE_METRICS_MISSING = "engine-metrics-missing"
     NO_PREDICTION = "no-prediction"
     MODEL_UNRESOLVED = "model-unresolved"
+    DRAFTER_UNRESOLVED = "drafter-unresolved"
     KV_POOL_DRIFT = "kv-pool-drift"
     MAX_CONCURRENCY_BELOW_ONE = "max-concurrency-below-one"
     MAX_CONCURRENCY_BELOW_TARGET = "max-concurrency-below-target"
@@ -343,8 +345,9 @@ def diagnose(
     now: float,
     settings: MonitorSettings,
     model_error: str | None = None,
+    drafter_error: str | None = None,
 ) -> list[Diagnosis]:
-    """Everything wrong right now, most severe first (``model_error``: why ``--model`` did not resolve)."""
+    """Everything wrong now, most severe first (``model_error``, ``drafter_error``: why not resolved)."""
     found: list[Diagnosis] = []
     if not engine_up:
         found.append(
@@ -376,22 +379,18 @@ def diagnose(
                 "pass the same model and settings vLLM runs with",
             )
         )
+    if drafter_error is not None and predicted:
+        found.append(
+            Diagnosis(
+                DiagnosisId.DRAFTER_UNRESOLVED,
+                Severity.WARNING,
+                f"the prediction leaves out the speculative drafter: {drafter_error}",
+                "the sidecar tries again (vLLM downloads the drafter into the HF cache); mount that cache "
+                "into the sidecar (the chart does), or give the drafter as a directory",
+            )
+        )
     found += _budget_diagnoses(comparison, settings)
     utilization = snapshot.cache_config.gpu_memory_utilization if snapshot and snapshot.cache_config else None
     found += _gpu_diagnoses(gpus, utilization, history)
     found += _load_diagnoses(history, now, settings)
     return sorted(found, key=lambda d: -d.severity.rank)
-
-
-def observation(at: float, snapshot: EngineSnapshot | None, gpus: list[GpuSnapshot]) -> Observation:
-    """The history record for one scrape."""
-    used = sum(g.used_bytes for g in gpus) // len(gpus) if gpus else None
-    if snapshot is None:
-        return Observation(at=at, gpu_used_bytes=used)
-    return Observation(
-        at=at,
-        kv_usage=snapshot.kv_usage,
-        waiting=snapshot.waiting,
-        preemptions_total=snapshot.preemptions_total,
-        gpu_used_bytes=used,
-    )

@@ -15,6 +15,11 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sidecar.monitor.gpu import GpuSnapshot
+    from sidecar.signals.vllm import EngineSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +80,17 @@ class SignalHistory:
         if not values:
             return None
         return max(values), statistics.median(values)
+
+
+def observation(at: float, snapshot: EngineSnapshot | None, gpus: list[GpuSnapshot]) -> Observation:
+    """The history record for one scrape."""
+    used = sum(g.used_bytes for g in gpus) // len(gpus) if gpus else None
+    if snapshot is None:
+        return Observation(at=at, gpu_used_bytes=used)
+    return Observation(
+        at=at,
+        kv_usage=snapshot.kv_usage,
+        waiting=snapshot.waiting,
+        preemptions_total=snapshot.preemptions_total,
+        gpu_used_bytes=used,
+    )

@@ -25,10 +25,9 @@ from sidecar.monitor.diagnose import (
     Severity,
     compare,
     diagnose,
-    observation,
 )
 from sidecar.monitor.gpu import GpuSnapshot
-from sidecar.monitor.history import SignalHistory
+from sidecar.monitor.history import SignalHistory, observation
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request
 from sidecar.signals.vllm import EngineSnapshot
 
@@ -189,6 +188,7 @@ class Monitor:
             now=now,
             settings=self.settings,
             model_error=self.model_error,
+            drafter_error=self._drafter_error(),
         )
         before = {d.id for d in self.diagnoses}
         after = {d.id for d in found}
@@ -199,6 +199,10 @@ class Monitor:
         for cleared in sorted(before - after):
             self._log.info("diagnosis_cleared", id=cleared)
         self.diagnoses = found
+
+    def _drafter_error(self) -> str | None:
+        spec = self.inputs.speculative
+        return spec.drafter_problem if spec is not None and spec.drafter is None else None
 
     def request_max_model_len(self) -> int | None:
         """The max_model_len in force: the flag, else the engine's."""

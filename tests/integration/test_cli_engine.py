@@ -337,12 +337,20 @@ async def test_run_budgets_a_drafter_once_the_cache_has_its_config(
         async with httpx.AsyncClient(timeout=10) as client:
             predicted = await _prediction(client, admin, lambda p: p is not None)  # after the first scrape
             assert "drafter_bytes" not in predicted["vllm_profile"]
+            diagnoses = (await client.get(f"http://{admin}/budget")).json()["diagnoses"]
+            assert "drafter-unresolved" in [d["id"] for d in diagnoses]
+            active = await _metric_labelled(
+                f"http://{admin}", "kv_sidecar_diagnosis_active", 'id="drafter-unresolved"'
+            )
+            assert active == 1
             assert any("not modelled" in note and "HF_HUB_OFFLINE" in note for note in predicted["notes"])
             config = (DRAFTERS / "yuhuili--EAGLE3-LLaMA3.1-Instruct-8B.json").read_text()
             add_model(cache, drafter, {"config.json": config})  # vLLM has read the drafter's config
             predicted = await _prediction(client, admin, lambda p: "drafter_bytes" in p["vllm_profile"])
+            cleared = (await client.get(f"http://{admin}/budget")).json()["diagnoses"]
         assert predicted["vllm_profile"]["drafter_bytes"] == 849_635_328
         assert not any("not modelled" in note for note in predicted["notes"])
+        assert "drafter-unresolved" not in [d["id"] for d in cleared]
     finally:
         events = await _stop(proc)
     assert events.count("drafter_unresolved") == 1  # said once, not once per retry

@@ -258,3 +258,23 @@ def test_diagnoses_are_ordered_most_severe_first() -> None:
     ranks = [d.severity.rank for d in found]
     assert ranks == sorted(ranks, reverse=True)
     assert resolve_model("qwen2.5-7b")  # catalog still importable alongside the monitor
+
+
+@pytest.mark.parametrize(
+    ("predicted", "error", "active"), [(True, "offline", True), (True, None, False), (False, "x", False)]
+)
+def test_a_drafter_left_out_of_the_prediction_is_a_warning(
+    predicted: bool, error: str | None, active: bool
+) -> None:
+    settings = MonitorSettings()
+    ledger = _tiny_ledger() if predicted else None
+    found = diagnose(
+        comparison=compare(ledger, _snapshot(), max_model_len=1024, settings=settings), engine_up=True,
+        snapshot=_snapshot(), predicted=predicted, gpus=[], history=SignalHistory(600), now=0.0,
+        settings=settings, drafter_error=error,
+    )  # fmt: skip
+    drafter = [d for d in found if d.id == "drafter-unresolved"]
+    assert bool(drafter) is active
+    if drafter:
+        assert drafter[0].severity is Severity.WARNING
+        assert drafter[0].message.endswith(": offline")
