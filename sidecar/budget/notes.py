@@ -14,7 +14,12 @@ from sidecar.budget.profile import (
     mla_absorbed_bytes,
     rope_cache_bytes,
 )
-from sidecar.budget.speculative import DRAFTLESS_METHODS, drafter_kv_layers, drafter_kv_modelled
+from sidecar.budget.speculative import (
+    DRAFTLESS_METHODS,
+    SpeculativeSettings,
+    drafter_kv_layers,
+    drafter_kv_modelled,
+)
 from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
 from sidecar.units import GIB
 
@@ -56,8 +61,6 @@ def plan_notes(
     notes.extend(_stage_notes(request, stages))
     notes.extend(_lora_notes(request))
     notes.extend(_speculative_notes(request))
-    if request.speculative is not None and request.speculative.method not in DRAFTLESS_METHODS:
-        notes.extend(_rejection_pass_note(request))
     if request.cpu_offload_bytes:
         notes.append(
             f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
@@ -104,12 +107,16 @@ def _rejection_pass_note(request: PlanRequest) -> list[str]:
 
 
 def _speculative_notes(request: PlanRequest) -> list[str]:
-    """What the drafter adds, or what of it the plan leaves out."""
+    """What speculative decoding adds: the drafter (or what of it the plan leaves out), the rejection pass."""
     spec = request.speculative
     if spec is None:
         return []
-    if spec.method in DRAFTLESS_METHODS:
-        return _rejection_pass_note(request)
+    drafter = [] if spec.method in DRAFTLESS_METHODS else _drafter_notes(request, spec)
+    return drafter + _rejection_pass_note(request)
+
+
+def _drafter_notes(request: PlanRequest, spec: SpeculativeSettings) -> list[str]:
+    """What the drafter adds, or what of it the plan leaves out."""
     if spec.own_model and spec.drafter is not None:
         drafter = spec.drafter.architecture
         notes = [
