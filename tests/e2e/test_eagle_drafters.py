@@ -12,8 +12,6 @@ plan counted none of it and said "not modelled".
 from __future__ import annotations
 
 import json
-import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.errors import UsageError
 from sidecar.units import GIB
+from tests.harness.checkpoint import tensor_bytes
 from tests.harness.vllm import run_probe
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +34,6 @@ DRAFTERS = {
     "draft_model": ("draft_model", "draft"),
 }
 NOT_KEPT = {"eagle3": ("t2d",), "eagle": ("embed_tokens",), "draft_model": ()}  # vLLM drops or shares these
-ELEMENT_BYTES = {"BF16": 2, "I64": 8, "BOOL": 1}
 STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
            (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))  # fmt: skip
 
@@ -67,17 +65,6 @@ def _plan(root: Path, label: str, block_size: int, target: str = "target") -> Pl
     )  # fmt: skip  # the CPU engine's 1 GiB (VLLM_CPU_KVCACHE_SPACE)
 
 
-def _checkpoint(folder: Path) -> dict[str, int]:
-    raw = (folder / "model.safetensors").read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + length])
-    return {
-        name: ELEMENT_BYTES[entry["dtype"]] * math.prod(entry["shape"])
-        for name, entry in header.items()
-        if name != "__metadata__"
-    }
-
-
 def _vllm_name(name: str) -> str:
     """A checkpoint tensor's parameter name in vLLM's drafter (the classes' weight mappers)."""
     name = name.replace("midlayer.", "layers.0.").replace("d2t", "draft_id_to_target_id")
@@ -99,7 +86,7 @@ def test_each_drafter_takes_kv_blocks_as_planned(engine: tuple[Path, Any], label
 @pytest.mark.parametrize("label", list(DRAFTERS))
 def test_each_drafter_keeps_the_tensors_the_plan_counts(engine: tuple[Path, Any], label: str) -> None:
     root, runs = engine
-    tensors = _checkpoint(root / DRAFTERS[label][1])
+    tensors = tensor_bytes(root / DRAFTERS[label][1])
     kept = {name: size for name, size in tensors.items() if not any(part in name for part in NOT_KEPT[label])}
     assert {_vllm_name(name) for name in kept} == set(runs[label]["drafter_own"])
     planned = build_ledger(_plan(root, label, runs[label]["block_size"])).profile["drafter"]

@@ -12,8 +12,6 @@ weights of the model itself. The same engine shows MLA's decode copies of ``kv_b
 from __future__ import annotations
 
 import json
-import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.profile import mla_absorbed_bytes
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
+from tests.harness.checkpoint import tensor_bytes
 from tests.harness.vllm import run_probe
 
 pytestmark = pytest.mark.e2e
@@ -61,12 +60,9 @@ def test_the_drafters_layer_takes_kv_blocks_as_planned(engine: tuple[Path, Any])
 
 
 def _checkpoint_mtp_bytes(model: Path) -> int:
-    raw = (model / "model.safetensors").read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + length])
     return sum(
-        2 * math.prod(entry["shape"])  # bf16
-        for name, entry in header.items()
+        size
+        for name, size in tensor_bytes(model).items()
         if name.startswith("model.layers.2.") and not any(part in name for part in SHARED)
     )
 
