@@ -33,7 +33,7 @@ def _blocks(content: Any) -> tuple[list[str], int]:
     for block in content if isinstance(content, list) else [content]:
         if not isinstance(block, dict):
             texts.append(str(block))
-        elif block.get("type") in MEDIA_BLOCKS:
+        elif str(block.get("type")) in MEDIA_BLOCKS:  # a client's type may be any JSON value
             media += 1
         elif isinstance(text := block.get("text", block.get("thinking")), str):
             texts.append(text)
