@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import time
 
 import httpx
@@ -90,4 +91,5 @@ async def test_a_calm_wait_ends_at_the_interval_once_calm_ends() -> None:
 
 async def test_the_calm_interval_is_never_shorter_than_the_interval() -> None:
     asked = await _rounds(settings=ScrapeSettings(interval=0.2, calm_interval=0.05), calm_until=10.0)
-    assert len(asked) == 3  # at 0, 0.2 and 0.4 s
+    assert 2 <= len(asked) <= 3  # at 0, 0.2 and 0.4 s (the last may slip past 0.5 s on a busy machine)
+    assert all(later - earlier >= 0.19 for earlier, later in itertools.pairwise(asked))  # not 0.05
