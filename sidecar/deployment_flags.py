@@ -128,6 +128,19 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         help="vLLM --[no-]async-scheduling: from 0.26 a sliding-window cap counts two batches in flight "
         "with it (on by default on GPUs; vLLM's CPU platform turns it off)",
     )
+    add(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM --[no-]enable-prefix-caching: a hybrid model's state layers hold more blocks per request "
+        "with it (default: the release's, or the engine's page)",
+    )
+    add(
+        "--mamba-ssm-cache-dtype",
+        default=default_of(PlanRequest, "mamba_ssm_cache_dtype"),
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="vLLM --mamba-ssm-cache-dtype: the state layers' SSM state (default %(default)s: the model's)",
+    )
     add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
     add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
     add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")

@@ -36,6 +36,7 @@ from sidecar.budget.moe import LLAMA4_TYPES, MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
+from sidecar.budget.state_layers import StateSpec, state_spec
 from sidecar.budget.vision import vision_parameters
 from sidecar.errors import ConfigError
 
@@ -45,7 +46,7 @@ _QWEN_WINDOW_TYPES = frozenset(
 _GEMMA3_TYPES = frozenset({"gemma3", "gemma3_text"})
 _FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 _PLAIN_MLP_TYPES = frozenset(
-    {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi"}
+    {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi", "nemotron_h"}
 )
 _DEFAULT_GEMMA3_PATTERN = 6
 _LLAMA4_NO_ROPE_INTERVAL = 4  # Llama4TextConfig.no_rope_layer_interval's default
@@ -53,12 +54,18 @@ _LLAMA4_CHUNK_DEFAULT = 8192  # Llama4TextConfig.attention_chunk_size's default
 
 
 class LayerKind(StrEnum):
-    """How one decoder layer holds KV: all tokens, a sliding window of them, the current chunk, or none."""
+    """How one decoder layer holds KV: all tokens, a window of them, the current chunk, a state, or none."""
 
     FULL = "full"
     SLIDING = "sliding"
     CHUNKED = "chunked"  # Llama 4's chunked local attention (vLLM's ChunkedLocalAttentionSpec)
+    STATE = "state"  # a fixed-size recurrent state per sequence (sidecar.budget.state_layers)
     NONE = "none"
+
+    @property
+    def attends(self) -> bool:
+        """Whether the layer keeps KV per token (full, sliding or chunked attention)."""
+        return self in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,7 @@ class Architecture:
     class_name: str | None = None  # ``architectures[0]``: the model class vLLM builds (LoRA rules go by it)
     draft_layers: int = 0  # ``num_nextn_predict_layers``: MTP layers shipped beside the model, not loaded
     rope_key: str = ""  # what vLLM's ``get_rope`` caches a table by: models with the same key share one
+    state: StateSpec | None = None  # the STATE layers' shape (sidecar.budget.state_layers)
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -164,20 +172,25 @@ def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     window = first_int(cfg, "sliding_window")
     if model_type in LLAMA4_TYPES:
         return _llama4_layer_kinds(cfg, num_layers, _attention_chunk_size(cfg, model_type))
-    layer_types = cfg.get("layer_types")
+    layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
         kinds = {
             "full_attention": LayerKind.FULL,
+            "attention": LayerKind.FULL,  # Granite-4.0-H
             "sliding_attention": LayerKind.SLIDING,
             "chunked_attention": LayerKind.CHUNKED,
+            "linear_attention": LayerKind.STATE,  # Qwen3.5's gated DeltaNet
+            "mamba": LayerKind.STATE,
         }
-        return tuple(kinds.get(str(t), LayerKind.NONE) for t in layer_types)  # linear attention, mamba
+        return tuple(kinds.get(str(t), LayerKind.NONE) for t in layer_types)
     pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: only "*" layers attend
-        return tuple(LayerKind.FULL if c == "*" else LayerKind.NONE for c in pattern)
+    if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: "*" attends, "M" is Mamba2
+        return tuple({"*": LayerKind.FULL, "M": LayerKind.STATE}.get(c, LayerKind.NONE) for c in pattern)
     interval = first_int(cfg, "full_attention_interval")
-    if interval and model_type == "qwen3_next":  # every interval-th layer attends; the rest are linear
-        return tuple(LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.NONE for i in range(num_layers))
+    if interval and model_type == "qwen3_next":  # every interval-th layer attends; the rest are DeltaNet
+        return tuple(
+            LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.STATE for i in range(num_layers)
+        )
     if window is None:
         return (LayerKind.FULL,) * num_layers
     if model_type in _QWEN_WINDOW_TYPES:
@@ -284,7 +297,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     top = config
     cfg: Mapping[str, Any] = _with_defaults(top)
     model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
-    num_layers = _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    blocks = cfg.get("layers_block_type")  # Nemotron-H as transformers 5 writes it: no num_hidden_layers
+    num_layers = len(blocks) if isinstance(blocks, list) and blocks and "num_hidden_layers" not in cfg else 0
+    num_layers = num_layers or _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     heads = _required_int(cfg, "num_attention_heads", "n_head")
     hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = (
@@ -305,6 +320,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     mla = _mla(cfg)
     max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
     rotary = mla.qk_rope_head_dim if mla else head_dim
+    state, kinds = state_spec(cfg, model_type), _layer_kinds(cfg, model_type, num_layers)
+    if state is None:  # state layers of a family not modelled hold nothing in the plan, as before
+        kinds = tuple(LayerKind.NONE if kind is LayerKind.STATE else kind for kind in kinds)
     return Architecture(
         model_type=model_type,
         num_layers=num_layers,
@@ -316,7 +334,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         vocab_size=_required_int(cfg, "vocab_size", "padded_vocab_size"),
         tie_word_embeddings=bool(tie),
         dtype=dtype,
-        layer_kinds=_layer_kinds(cfg, model_type, num_layers),
+        layer_kinds=kinds,
+        state=state if LayerKind.STATE in kinds else None,
         sliding_window=first_int(cfg, "sliding_window"),
         attention_chunk_size=_attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

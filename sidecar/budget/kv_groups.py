@@ -10,6 +10,10 @@ agrees: a two-layer model with one full and one sliding layer logs "kv cache gro
 and reports ``kv_cache_max_concurrency`` as its blocks over 12 per full-length request (8 full + 4
 sliding, ``tests/e2e/test_hybrid_layout.py``).
 
+A hybrid model's recurrent-state layers (gated DeltaNet, Mamba2: ``LayerKind.STATE``) are grouped the
+same way: Qwen3-Next's 36 DeltaNet and 12 attention layers make three state groups and one attention group
+of 12 (its blocks and page sizes: :mod:`sidecar.budget.state_layers`).
+
 Llama 4's chunked local attention layers form groups of their own beside its full-attention (NoPE) layers:
 ``ChunkedLocalAttentionSpec`` (``vllm/v1/kv_cache_interface.py``, 0.32.0) is a spec type apart, so Scout's
 36 chunked and 12 full layers make four groups of 12 (the 0.19.0 log on the calibration table:
@@ -33,22 +37,23 @@ BALANCED_GROUP_RATIO = 1.5
 layers) is padded to 13 + 13 rather than split into 12 + 24."""
 
 
-_GROUPED = (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED)
+_GROUPED = (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED, LayerKind.STATE)
 
 
 @dataclass(frozen=True, slots=True)
 class KvGroups:
-    """How many KV cache groups hold full-attention, sliding-window and chunked local-attention layers."""
+    """How many KV cache groups hold full-attention, sliding-window, chunked and state layers."""
 
     full: int
     sliding: int
-    layers_per_group: int = 1  # attention layers one block covers (padding included)
+    layers_per_group: int = 1  # layers one block covers (padding included)
     chunked: int = 0
+    state: int = 0  # recurrent-state layers (sidecar.budget.state_layers): a page per layer, not per token
 
     @property
     def hybrid(self) -> bool:
         """Whether a request holds blocks in groups of more than one kind."""
-        return sum(1 for count in (self.full, self.sliding, self.chunked) if count) > 1
+        return sum(1 for count in (self.full, self.sliding, self.chunked, self.state) if count) > 1
 
 
 def kv_groups(kinds: Sequence[LayerKind]) -> KvGroups:
@@ -61,12 +66,12 @@ def kv_groups(kinds: Sequence[LayerKind]) -> KvGroups:
     counts = [sum(1 for kind in kinds if kind is wanted) for wanted in _GROUPED]
     present = [count for count in counts if count]
     if len(present) <= 1:
-        full, sliding, chunked = (1 if count else 0 for count in counts)
-        return KvGroups(full, sliding, layers_per_group=max(1, sum(counts)), chunked=chunked)
+        full, sliding, chunked, state = (1 if count else 0 for count in counts)
+        return KvGroups(full, sliding, layers_per_group=max(1, sum(counts)), chunked=chunked, state=state)
     small, large = min(present), max(present)
     size = large if large < small * BALANCED_GROUP_RATIO else small
-    full, sliding, chunked = (math.ceil(count / size) for count in counts)
-    return KvGroups(full, sliding, layers_per_group=size, chunked=chunked)
+    full, sliding, chunked, state = (math.ceil(count / size) for count in counts)
+    return KvGroups(full, sliding, layers_per_group=size, chunked=chunked, state=state)
 
 
 def sliding_window_blocks(window: int, in_flight_tokens: int, max_model_len: int, block_size: int) -> int:

@@ -45,17 +45,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from sidecar.budget.architecture import Architecture, LayerKind
-from sidecar.budget.dtypes import (
-    FLOAT_DTYPES,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
-    kv_bytes_per_element,
-    normalise_dtype,
-    weight_bytes_per_param,
-)
+from sidecar.budget.architecture import Architecture
+from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.experts import ExpertPlacement, expert_placement
-from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
+from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.kv_terms import (
+    full_request_blocks,
+    kv_layer_kinds,
+    layer_kv_bytes_per_token,
+    reported_pool_tokens,
+    sequence_kv_bytes,
+    state_note,
+    state_terms,
+)
 from sidecar.budget.lora import LoraSlots, lora_graph_copies, lora_slot_bytes
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import body_parameter_count, parameter_count
@@ -69,12 +71,7 @@ from sidecar.budget.profile import (
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
-from sidecar.budget.speculative import (
-    SpeculativeSettings,
-    drafter_extra_kv_bytes,
-    drafter_kv_layers,
-    drafter_weight_bytes,
-)
+from sidecar.budget.speculative import SpeculativeSettings, drafter_extra_kv_bytes, drafter_weight_bytes
 from sidecar.budget.verdict import Verdict, plan_verdict
 from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
@@ -121,6 +118,10 @@ class PlanRequest:
         None  # vLLM --speculative-config (:mod:`sidecar.budget.speculative`)
     )
     lora: LoraSlots | None = None  # vLLM --enable-lora: adapter slots (:mod:`sidecar.budget.lora`)
+    enable_prefix_caching: bool | None = (
+        None  # None: the release's default (hybrid state models: state_layers)
+    )
+    mamba_ssm_cache_dtype: str = "auto"  # vLLM --mamba-ssm-cache-dtype (state layers' temporal state)
 
     def __post_init__(self) -> None:
         positive = {
@@ -235,52 +236,12 @@ class Ledger:
     profile_batch: tuple[int, int] = (0, 0)  # the profile run's (tokens, sequences)
     stages: tuple[PipelineStage, ...] = ()  # pipeline parallel: each stage; ``profile`` is the smallest's
     lora_bytes: int = 0  # LoRA adapter slots (vLLM --enable-lora), in the total and vLLM's profile
+    block_size: int = DEFAULT_BLOCK_SIZE  # tokens a block holds: --block-size, or larger for state layers
 
     @property
     def headroom_bytes(self) -> int:
         """GPU memory left after the seeds' ledger (negative when it does not fit)."""
         return self.gpu_memory_bytes - self.total_bytes
-
-
-def _layer_kv_bytes_per_token(request: PlanRequest) -> float:
-    arch = request.architecture
-    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
-    if normalise_dtype(request.kv_cache_dtype) == "auto" and served in FLOAT_DTYPES:
-        element = WEIGHT_DTYPES[served]  # --dtype float32: the KV cache is float32 too
-    else:
-        element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
-    return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
-
-
-def _kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
-    """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
-    arch, drafter = request.architecture, (LayerKind.FULL,) * drafter_kv_layers(request)  # MTP layers attend
-    if arch.attention_chunk_size and request.release.groups_chunked_local_attention():
-        return arch.layer_kinds + drafter
-    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds) + drafter
-
-
-def _tokens_held(kind: LayerKind, arch: Architecture, length: int) -> int:
-    if kind is LayerKind.NONE:
-        return 0
-    if kind is LayerKind.SLIDING and arch.sliding_window:
-        return min(arch.sliding_window, length)
-    if kind is LayerKind.CHUNKED and arch.attention_chunk_size:
-        return min(arch.attention_chunk_size, length)
-    return length
-
-
-def _blocks_per_request(request: PlanRequest, kind: LayerKind, length: int) -> int:
-    block = request.block_size
-    full_blocks = math.ceil(length / block)
-    window, chunk = request.architecture.sliding_window, request.architecture.attention_chunk_size
-    if kind is LayerKind.NONE:
-        return 0
-    if kind is LayerKind.SLIDING and window:
-        return min(full_blocks, sliding_window_blocks(window, request.in_flight_tokens, length, block))
-    if kind is LayerKind.CHUNKED and chunk:
-        return min(full_blocks, chunked_local_blocks(chunk, request.in_flight_tokens, length, block))
-    return full_blocks
 
 
 def _vllm_profile(
@@ -311,11 +272,12 @@ def _vllm_profile(
 def build_ledger(request: PlanRequest) -> Ledger:
     """Compute the ledger, vLLM's pool and the verdict for ``request``."""
     arch = request.architecture
-    length = request.effective_max_model_len
-    per_layer = _layer_kv_bytes_per_token(request)
-    kinds, extra = _kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
-    per_token = sum(per_layer for kind in kinds if kind is not LayerKind.NONE) + extra
-    per_sequence = sum(per_layer * _tokens_held(kind, arch, length) for kind in kinds) + extra * length
+    per_layer = layer_kv_bytes_per_token(request)
+    kinds, extra = kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
+    state = state_terms(request, per_layer)
+    block = state.block_size if state else request.block_size
+    per_token = sum(per_layer for kind in kinds if kind.attends) + extra
+    per_sequence = sequence_kv_bytes(request, kinds, per_layer, extra, state)
     params = parameter_count(arch)
     loaded = loaded_weights_per_gpu(request, params)
     offload = cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded))
@@ -327,26 +289,19 @@ def build_ledger(request: PlanRequest) -> Ledger:
     profile = _vllm_profile(request, loaded, activation, lora, offload)
     total = weights + round(kv_total) + activation + request.overhead_bytes + lora + profile.get("drafter", 0)
     requested = profile.pop("requested")
-    block_bytes = request.block_size * per_token
+    block_bytes = block * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
     groups = kv_groups(kinds)
-    group_block_bytes = request.block_size * (per_layer * groups.layers_per_group + extra)
+    group_block_bytes = block * (per_layer * groups.layers_per_group + extra)
     pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)
     pool = max(0, requested - sum(profile.values())) if pool_override is None else pool_override
     num_blocks = int(pool // block_bytes) if block_bytes else 0
-    request_blocks = sum(
-        count * _blocks_per_request(request, kind, length)
-        for kind, count in (
-            (LayerKind.FULL, groups.full),
-            (LayerKind.SLIDING, groups.sliding),
-            (LayerKind.CHUNKED, groups.chunked),
-        )
-    )
+    request_blocks = full_request_blocks(request, groups, state)
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
-    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None:
+    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None and not state:
         stages = pipeline_stages(
             request, profile, requested, group_block_bytes, groups.layers_per_group, loaded=loaded
         )
@@ -358,7 +313,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
         if request.lora:
             profile["lora"] = lora = limiting.lora
         pool, pool_blocks = max(0, requested - sum(profile.values())), limiting.pool_blocks
-        share = limiting.kv_layers / max(1, sum(k is not LayerKind.NONE for k in kinds))
+        share = limiting.kv_layers / max(1, sum(k.attends for k in kinds))
         num_blocks, activation = pool_blocks, limiting.activation
         per_token, per_sequence = per_token * share, per_sequence * share
         kv_total = request.concurrency * per_sequence
@@ -367,10 +322,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
         )
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
-    if request.release.pool_tokens_are_concurrency_times_length(windowed=groups.sliding + groups.chunked > 0):
-        pool_tokens = int(exact_concurrency * length)
-    else:
-        pool_tokens = num_blocks * request.block_size
+    pool_tokens = reported_pool_tokens(request, groups, state, (exact_concurrency, pool_blocks, num_blocks))
 
     return Ledger(
         request=request,
@@ -389,8 +341,10 @@ def build_ledger(request: PlanRequest) -> Ledger:
         kv_pool_blocks=pool_blocks,
         max_concurrency=max_concurrency,
         verdict=plan_verdict(request.gpu_memory_bytes, total, max_concurrency, request.concurrency),
-        notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages),
+        notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages)
+        + state_note(request, state, groups.state),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),
         stages=stages,
+        block_size=block,
     )

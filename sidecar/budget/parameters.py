@@ -13,9 +13,12 @@ transformers builds from every corpus config.
 
 from __future__ import annotations
 
-from sidecar.budget.architecture import Architecture, MlaSpec
+from sidecar.budget.architecture import Architecture, LayerKind, MlaSpec
+from sidecar.budget.state_layers import GATED_DELTA_NET
 
 _GATED_MLP_MATRICES = 3  # gate, up and down projections
+SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
+"""Families whose layers hold one block each (Nemotron-H: ``M`` Mamba2, ``*`` attention, ``-`` MLP)."""
 
 
 def _attention_parameters(arch: Architecture) -> int:
@@ -29,6 +32,8 @@ def _attention_parameters(arch: Architecture) -> int:
         total += q_size + 2 * kv_size
     if arch.qk_norm:
         total += 2 * arch.head_dim
+    if arch.state is not None and arch.state.mixer == GATED_DELTA_NET:  # Qwen3-Next: a gate on the output
+        total += hidden * q_size + 2 * arch.head_dim  # q_proj twice as wide, q and k norms
     return total
 
 
@@ -62,10 +67,15 @@ def _norm_parameters(arch: Architecture) -> int:
 
 
 def layer_parameter_count(arch: Architecture, layer: int) -> int:
-    """Parameters of decoder layer ``layer``: attention, its MLP or MoE block, its norms."""
+    """Parameters of decoder layer ``layer``: attention (or a state mixer), its MLP or MoE, its norms."""
     norm = _norm_parameters(arch)
+    kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
+    state = arch.state if kind is LayerKind.STATE else None
+    mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch)
+    if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
+        return norm + (mixer if kind in (LayerKind.STATE, LayerKind.FULL) else _mlp_parameters(arch, layer))
     norms = 4 * arch.hidden_size if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
-    return _attention_parameters(arch) + _mlp_parameters(arch, layer) + norms
+    return mixer + _mlp_parameters(arch, layer) + norms
 
 
 def computed_parameter_count(arch: Architecture) -> int:

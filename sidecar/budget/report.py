@@ -34,6 +34,7 @@ def _figures(ledger: Ledger) -> dict[str, Any]:
         "kv_pool_bytes": ledger.kv_pool_bytes,
         "kv_pool_tokens": ledger.kv_pool_tokens,
         "kv_pool_blocks": ledger.kv_pool_blocks,
+        "kv_block_size": ledger.block_size,
         "max_concurrency": ledger.max_concurrency,
         "verdict": ledger.verdict.value,
         "vllm_profile": {
@@ -65,6 +66,8 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "data_parallel_size": req.data_parallel_size,
         "enable_expert_parallel": req.enable_expert_parallel,
         "block_size": req.block_size,
+        "enable_prefix_caching": req.enable_prefix_caching,
+        "mamba_ssm_cache_dtype": req.mamba_ssm_cache_dtype,
         "max_num_seqs": req.effective_batch[1],
         "max_num_batched_tokens": req.effective_batch[0],
         "lora": None

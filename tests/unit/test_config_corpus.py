@@ -29,10 +29,8 @@ FIELD_EXCEPTIONS = {
     ("tiiuae--falcon-7b-instruct.json", "num_key_value_heads"): (1, 71),
 }
 PARAMETER_EXCEPTIONS = {  # (file): why, and the signed error bound
-    "Qwen--Qwen3-Next-80B-A3B-Thinking.json": ("gated DeltaNet linear-attention layers not modelled", -0.01),
     "deepseek-ai--DeepSeek-V3.2.json": ("the sparse-attention indexer's projections not modelled", -0.002),
     "meta-llama--Llama-3.2-90B-Vision-Instruct.json": ("mllama's vision tower not modelled", -0.011),
-    "nvidia--Nemotron-H-56B-Base-8K.json": ("Mamba-2 mixers counted as attention + MLP layers", 1.1),
 }
 TRANSFORMERS_CANNOT = {  # custom code (trust_remote_code): transformers has no class for them
     "moonshotai--Kimi-K2-Instruct.json",
@@ -111,12 +109,14 @@ def test_qwen_vl_without_sliding_windows_keeps_every_layer_full() -> None:
     assert per_token * 128_000 / GIB == pytest.approx(6.84, abs=0.01)  # 28 x 2 x 4 x 128 x 2 B x 128K
 
 
-def test_hybrid_models_hold_kv_only_in_their_attention_layers() -> None:
-    nemotron = load("nvidia--Nemotron-H-56B-Base-8K.json")  # hybrid_override_pattern: "*" attends
+def test_hybrid_models_hold_kv_only_in_their_attention_layers_and_a_state_in_their_mixers() -> None:
+    nemotron = load("nvidia--Nemotron-H-56B-Base-8K.json")  # hybrid_override_pattern: "*" attends, "M" Mamba2
     assert nemotron.layer_kinds.count(LayerKind.FULL) == 10
-    assert nemotron.layer_kinds.count(LayerKind.NONE) == 108
+    assert nemotron.layer_kinds.count(LayerKind.STATE) == 54
+    assert nemotron.layer_kinds.count(LayerKind.NONE) == 54  # the "-" MLP layers
     qwen_next = load("Qwen--Qwen3-Next-80B-A3B-Thinking.json")  # full_attention_interval 4
     assert qwen_next.layer_kinds.count(LayerKind.FULL) == 12
+    assert qwen_next.layer_kinds.count(LayerKind.STATE) == 36  # gated DeltaNet
 
 
 def test_a_text_config_without_vocab_size_takes_transformers_default() -> None:

@@ -70,6 +70,7 @@ def test_current_page_details() -> None:
     assert (config.kv_cache_size_tokens, config.kv_cache_max_concurrency) == (2048, 2.0)
     assert (config.num_gpu_blocks_override, config.kv_cache_memory_bytes) == (16, 1073741824)
     assert config.enable_prefix_caching is True
+    assert config.mamba_ssm_cache_dtype == "auto"  # a model without state layers: the default
     assert list(snap.engines) == ["0"]
 
 

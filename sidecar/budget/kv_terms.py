@@ -1,0 +1,159 @@
+"""The KV pool's per-layer terms for the ledger: bytes a token costs, blocks a request holds, state pages.
+
+Pure. :mod:`sidecar.budget.ledger` composes these into vLLM's pool. A layer holds a sequence's tokens in
+full, within a window or chunk (:mod:`sidecar.budget.kv_groups` for the caps), or as a fixed-size state
+(:mod:`sidecar.budget.state_layers`: its page sets the block size, and a request holds a few pages per state
+group whatever its length).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sidecar.budget.architecture import Architecture, LayerKind
+from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_element, normalise_dtype
+from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
+from sidecar.budget.speculative import drafter_kv_layers
+from sidecar.budget.state_layers import StateRules, hybrid_block_size
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+
+def layer_kv_bytes_per_token(request: PlanRequest) -> float:
+    """Bytes one token costs in one attention layer on one GPU."""
+    arch = request.architecture
+    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
+    if normalise_dtype(request.kv_cache_dtype) == "auto" and served in FLOAT_DTYPES:
+        element = WEIGHT_DTYPES[served]  # --dtype float32: the KV cache is float32 too
+    else:
+        element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
+    return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
+
+
+def kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
+    """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
+    arch, drafter = request.architecture, (LayerKind.FULL,) * drafter_kv_layers(request)  # MTP layers attend
+    if arch.attention_chunk_size and request.release.groups_chunked_local_attention():
+        return arch.layer_kinds + drafter
+    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds) + drafter
+
+
+def tokens_held(kind: LayerKind, arch: Architecture, length: int) -> int:
+    """Tokens of a ``length``-token sequence one layer of ``kind`` keeps (a state layer: none)."""
+    if not kind.attends:
+        return 0
+    if kind is LayerKind.SLIDING and arch.sliding_window:
+        return min(arch.sliding_window, length)
+    if kind is LayerKind.CHUNKED and arch.attention_chunk_size:
+        return min(arch.attention_chunk_size, length)
+    return length
+
+
+@dataclass(frozen=True, slots=True)
+class StateTerms:
+    """A hybrid model's state layers as vLLM sizes them (:mod:`sidecar.budget.state_layers`)."""
+
+    page_bytes: int  # one layer's state on one GPU, before padding to the attention page
+    block_size: int  # the block size vLLM settles on
+    blocks_per_group: int  # blocks one full-length request holds in each state group
+    layers: int  # state layers
+
+
+def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
+    """The state layers' page, the block size they impose and their blocks per request, if any."""
+    arch = request.architecture
+    if arch.state is None or LayerKind.STATE not in arch.layer_kinds:
+        return None
+    speculative = request.speculative.num_speculative_tokens if request.speculative else 0
+    page = arch.state.page_bytes(
+        request.tensor_parallel_size, arch.dtype, request.mamba_ssm_cache_dtype, speculative
+    )
+    rules = StateRules(request.release.minor)
+    caching = request.enable_prefix_caching
+    mode = rules.mode(
+        arch.state, prefix_caching=rules.prefix_caching_default() if caching is None else caching
+    )
+    chunk = arch.state.chunk_size if mode == "all" else 0
+    block = hybrid_block_size(request.block_size, page, math.ceil(per_layer), chunk)
+    blocks = rules.blocks_per_request(
+        arch.state,
+        mode=mode,
+        speculative_tokens=speculative,
+        sequence_blocks=math.ceil(request.effective_max_model_len / block),
+    )
+    return StateTerms(page, block, blocks, sum(kind is LayerKind.STATE for kind in arch.layer_kinds))
+
+
+def blocks_per_request(
+    request: PlanRequest, kind: LayerKind, length: int, block: int, state: StateTerms | None
+) -> int:
+    """Blocks one ``length``-token request holds in one group of ``kind``."""
+    full_blocks = math.ceil(length / block)
+    window, chunk = request.architecture.sliding_window, request.architecture.attention_chunk_size
+    if kind is LayerKind.STATE:
+        return state.blocks_per_group if state else 0
+    if kind is LayerKind.NONE:
+        return 0
+    if kind is LayerKind.SLIDING and window:
+        return min(full_blocks, sliding_window_blocks(window, request.in_flight_tokens, length, block))
+    if kind is LayerKind.CHUNKED and chunk:
+        return min(full_blocks, chunked_local_blocks(chunk, request.in_flight_tokens, length, block))
+    return full_blocks
+
+
+def sequence_kv_bytes(
+    request: PlanRequest,
+    kinds: tuple[LayerKind, ...],
+    per_layer: float,
+    extra: float,
+    state: StateTerms | None,
+) -> float:
+    """Bytes one full-length sequence holds on one GPU: its tokens in each layer, a state layer's pages."""
+    length = request.effective_max_model_len
+    held = sum(per_layer * tokens_held(kind, request.architecture, length) for kind in kinds) + extra * length
+    if state:  # each state layer holds its pages, padded to an attention page
+        held += state.layers * state.blocks_per_group * state.block_size * per_layer
+    return held
+
+
+def full_request_blocks(request: PlanRequest, groups: KvGroups, state: StateTerms | None) -> int:
+    """Blocks one full-length request holds over every group (``get_max_concurrency_for_kv_cache_config``)."""
+    length, block = request.effective_max_model_len, state.block_size if state else request.block_size
+    return sum(
+        count * blocks_per_request(request, kind, length, block, state)
+        for kind, count in (
+            (LayerKind.FULL, groups.full),
+            (LayerKind.SLIDING, groups.sliding),
+            (LayerKind.CHUNKED, groups.chunked),
+            (LayerKind.STATE, groups.state),
+        )
+    )
+
+
+def reported_pool_tokens(
+    request: PlanRequest, groups: KvGroups, state: StateTerms | None, pool: tuple[float, int, int]
+) -> int:
+    """The "KV cache size: N tokens" vLLM logs, from (exact concurrency, num_gpu_blocks, all-layer blocks)."""
+    exact_concurrency, pool_blocks, num_blocks = pool
+    grouped = groups.sliding + groups.chunked + groups.state > 0
+    if request.release.pool_tokens_are_concurrency_times_length(windowed=grouped):
+        return int(exact_concurrency * request.effective_max_model_len)
+    if state:  # before 0.22: the blocks shared out over the groups
+        return pool_blocks // (groups.full + groups.state) * state.block_size
+    return num_blocks * request.block_size
+
+
+def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int) -> tuple[str, ...]:
+    """What the state layers take, for ``plan``'s notes (none without state layers)."""
+    arch = request.architecture
+    if state is None or arch.state is None:
+        return ()
+    raised = f"the block is raised to {state.block_size} tokens so an attention page holds one state; "
+    return (
+        f"{state.layers} {arch.state.mixer.replace('_', ' ')} state layers of {state.page_bytes / 2**20:.2f} "
+        f"MiB each per sequence: {raised if state.block_size > request.block_size else ''}a request holds "
+        f"{state.blocks_per_group} block(s) in each of {state_groups} state group(s) whatever its length",
+    )
