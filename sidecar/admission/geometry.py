@@ -28,6 +28,11 @@ the layout is read as follows:
   in each (``ChunkedLocalAttentionSpec``, :func:`sidecar.budget.kv_groups.chunked_local_blocks`), and the
   engine's figure gives that cap (a model with both sliding and chunked groups must match the prediction).
 
+A hybrid model's recurrent-state layers (gated DeltaNet, Mamba2: :mod:`sidecar.budget.state_layers`) form
+groups of their own in which a sequence holds a fixed number of blocks whatever its length (two with prefix
+caching in vLLM 0.32, three for Mamba2 mixers, one without; ``MambaSpec.max_memory_usage_bytes``); the
+engine's figure gives that number the same way (``(figure - full groups x full blocks) / state groups``).
+
 Speculative decoding changes two things (vLLM 0.32.0 as installed). A step verifies up to ``k`` draft tokens
 of each running sequence, so it may give it ``k + 1`` tokens (:attr:`PoolView.tokens_per_step`); and a
 running sequence holds slots past its tokens: the ``k`` drafts being verified plus the drafter's lookahead
@@ -56,11 +61,13 @@ class GroupLayout:
     window_cap: int = 0  # blocks a sequence holds at most in each sliding-window group
     chunked: int = 0  # Llama 4's chunked local-attention groups
     chunk_cap: int = 0  # blocks a sequence holds at most in each of them
+    state: int = 0  # recurrent-state groups (gated DeltaNet, Mamba2)
+    state_blocks: int = 0  # blocks a sequence holds in each of them, whatever its length
 
     @property
     def single(self) -> bool:
         """Whether the pool has one full-attention group (blocks are tokens over the block size)."""
-        return self.full == 1 and self.sliding == 0 and self.chunked == 0
+        return self.full == 1 and self.sliding == 0 and self.chunked == 0 and self.state == 0
 
     def blocks(self, tokens: int, block_size: int) -> int:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
@@ -69,6 +76,7 @@ class GroupLayout:
             self.full * whole
             + self.sliding * min(whole, self.window_cap)
             + self.chunked * min(whole, self.chunk_cap)
+            + (self.state * self.state_blocks if whole else 0)
         )
 
 
@@ -96,15 +104,16 @@ def resolve_layout(
     block_size: int,
     max_model_len: int,
     engine_blocks: int | None,
-    groups: tuple[int, int, int] | None = None,
+    groups: tuple[int, int, int] | tuple[int, int, int, int] | None = None,
     predicted_window_cap: int | None = None,
     predicted_chunk_cap: int | None = None,
+    predicted_state_blocks: int | None = None,
 ) -> LayoutAnswer:
     """The layout from the engine's blocks per full-length request and the model's groups.
 
-    ``groups`` counts the full-attention, sliding-window and chunked local-attention groups. The engine's
-    figure gives the cap of the one capped kind present; with both present, the predicted caps must
-    explain it exactly.
+    ``groups`` counts the full-attention, sliding-window, chunked local-attention and (optionally) state
+    groups. The engine's figure gives the cap of the one capped kind present; with more than one present,
+    the predicted caps must explain it exactly.
     """
     whole = math.ceil(max_model_len / block_size)
     if groups is None:
@@ -115,22 +124,36 @@ def resolve_layout(
             f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, not {whole}: "
             "a hybrid KV layout; give the sidecar the model's config (--model) so admission reads its layers",
         )
-    full, sliding, chunked = groups
+    full, sliding, chunked, state = (*groups, 0)[:4]
     window = min(whole, predicted_window_cap) if predicted_window_cap else whole
     chunk = min(whole, predicted_chunk_cap) if predicted_chunk_cap else whole
-    predicted = GroupLayout(full, sliding, window if sliding else 0, chunked, chunk if chunked else 0)
+    predicted = GroupLayout(
+        full, sliding, window if sliding else 0, chunked, chunk if chunked else 0,
+        state, (predicted_state_blocks or 1) if state else 0,
+    )  # fmt: skip
     if engine_blocks is None or engine_blocks == predicted.blocks(max_model_len, block_size):
         return LayoutAnswer(predicted)
     rest = engine_blocks - full * whole
-    capped = sliding or chunked
-    if capped and not (sliding and chunked) and rest > 0 and rest % capped == 0 and rest // capped <= whole:
-        cap = rest // capped
-        return LayoutAnswer(GroupLayout(full, sliding, cap if sliding else 0, chunked, cap if chunked else 0))
+    capped = [count for count in (sliding, chunked, state) if count]
+    bounded = state or rest // max(1, sum(capped)) <= whole  # a state group's blocks do not follow the length
+    if len(capped) == 1 and rest > 0 and rest % capped[0] == 0 and bounded:
+        cap = rest // capped[0]
+        return LayoutAnswer(
+            GroupLayout(
+                full,
+                sliding,
+                cap if sliding else 0,
+                chunked,
+                cap if chunked else 0,
+                state,
+                cap if state else 0,
+            )
+        )
     return LayoutAnswer(
         None,
         f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, which {full} "
-        f"full-attention, {sliding} sliding-window and {chunked} chunked-attention KV groups do not explain; "
-        "check --model",
+        f"full-attention, {sliding} sliding-window, {chunked} chunked-attention and {state} state KV groups "
+        "do not explain; check --model",
     )
 
 

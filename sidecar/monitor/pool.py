@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sidecar.admission.geometry import LayoutAnswer, PoolView, engine_blocks_per_request, resolve_layout
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
+from sidecar.budget.kv_terms import layer_kv_bytes_per_token, state_terms
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
 
@@ -40,11 +41,13 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     arch = request.architecture
     groups = kv_groups(arch.layer_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
+    state = state_terms(request, layer_kv_bytes_per_token(request))
     return resolve_layout(
         block_size=block_size,
         max_model_len=max_model_len,
         engine_blocks=engine_blocks,
-        groups=(groups.full, groups.sliding, groups.chunked),
+        groups=(groups.full, groups.sliding, groups.chunked, groups.state),
+        predicted_state_blocks=state.blocks_per_group if state else None,
         predicted_window_cap=sliding_window_blocks(window, in_flight, max_model_len, block_size)
         if window
         else None,
@@ -82,7 +85,7 @@ def admission_pool(monitor: Monitor) -> PoolAnswer:
     if ledger is None or not ledger.kv_pool_blocks:
         why = "the engine's page has not been read yet" if snapshot is None else "no KV pool known yet"
         return PoolAnswer(None, f"{why} (the engine's cache config, or a prediction)")
-    block_size = ledger.request.block_size
+    block_size = ledger.block_size
     layout = _layout(monitor, block_size, None)
     if layout.layout is None:
         return PoolAnswer(None, layout.why)

@@ -49,6 +49,7 @@ def layout_document(pool: PoolView | None) -> dict[str, int] | None:
         "sliding_window_groups": layout.sliding,
         "sliding_window_cap_blocks": layout.window_cap,
         "speculative_tokens": pool.speculative_tokens,  # drafts a step: sequences grow up to one more a step
+        **({"state_groups": layout.state, "state_blocks": layout.state_blocks} if layout.state else {}),
     }
 
 

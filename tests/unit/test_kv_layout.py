@@ -81,6 +81,13 @@ def test_a_sliding_window_holds_its_window_and_the_tokens_in_flight(
         (GroupLayout(0, 1, 3), 1000, 3),
         (GroupLayout(1, 0, 0, 3, 8), 1000, 8 + 3 * 8),  # Llama 4 at max_model_len = chunk: every block
         (GroupLayout(1, 0, 0, 3, 4), 1000, 8 + 3 * 4),  # chunked groups stop at one chunk + in flight
+        (
+            GroupLayout(1, state=3, state_blocks=2),
+            1000,
+            8 + 3 * 2,
+        ),  # Qwen3-Next: two blocks per DeltaNet group
+        (GroupLayout(1, state=3, state_blocks=2), 1, 1 + 3 * 2),  # whatever the length
+        (GroupLayout(1, state=3, state_blocks=2), 0, 0),  # nothing before the first token
     ],
 )
 def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int, blocks: int) -> None:
@@ -115,6 +122,52 @@ def test_the_layout_is_read_from_the_engine_and_the_layers(
     assert answer.layout == layout
 
 
+@pytest.mark.parametrize(
+    ("engine", "groups", "predicted", "layout"),
+    [
+        (8 + 3 * 2, (1, 0, 0, 3), None, GroupLayout(1, state=3, state_blocks=2)),  # the engine says two each
+        (8 + 2 * 3, (1, 0, 0, 2), None, GroupLayout(1, state=2, state_blocks=3)),  # Mamba2: three each
+        (
+            None,
+            (1, 0, 0, 3),
+            2,
+            GroupLayout(1, state=3, state_blocks=2),
+        ),  # no engine figure: the prediction's
+        (8 + 3 * 2, (1, 0, 0, 3), 2, GroupLayout(1, state=3, state_blocks=2)),
+    ],
+)
+def test_a_state_groups_blocks_come_from_the_engine_or_the_model(
+    engine: int | None, groups: tuple[int, int, int, int], predicted: int | None, layout: GroupLayout
+) -> None:
+    answer = resolve_layout(
+        block_size=128,
+        max_model_len=1024,
+        engine_blocks=engine,
+        groups=groups,
+        predicted_state_blocks=predicted,
+    )
+    assert answer.layout == layout
+
+
+def test_a_short_context_still_reads_its_state_blocks() -> None:
+    """A 272-token block and a 128-token context: one attention block, and two per state group beyond it."""
+    answer = resolve_layout(block_size=272, max_model_len=128, engine_blocks=1 + 3 * 2, groups=(1, 0, 0, 3))
+    assert answer.layout == GroupLayout(1, state=3, state_blocks=2)
+
+
+def test_a_pool_of_state_groups_admits_what_vllm_holds() -> None:
+    """Qwen3-Next's layout: a 1000-token request holds 8 + 6 blocks, so 28 blocks hold two, not three."""
+    pool = PoolView(blocks=28, block_size=128, layout=GroupLayout(1, state=3, state_blocks=2))
+    request = Demand(prompts=(500,), choices=1, expected_output=500, output_bound=500, max_model_len=1024)
+    assert CapacityLedger().added_blocks(request, pool) == 14
+    ledger = CapacityLedger()
+    ledger.add(request, Steps(low=0, high=0))
+    assert ledger.fits(request, pool, Steps())
+    ledger.add(request, Steps(low=0, high=0))
+    assert not ledger.fits(request, pool, Steps())
+    assert not pool.shares_prefixes  # a prefix hit needs the state too: counted whole
+
+
 def test_sliding_and_chunked_groups_together_must_match_the_prediction() -> None:
     """One engine figure cannot give two caps: only the predicted ones, when they explain it exactly."""
 
@@ -135,7 +188,7 @@ def test_sliding_and_chunked_groups_together_must_match_the_prediction() -> None
         (
             10,
             (1, 0, 0),
-            "1 full-attention, 0 sliding-window and 0 chunked-attention KV groups do not explain",
+            "1 full-attention, 0 sliding-window, 0 chunked-attention and 0 state KV groups do not explain",
         ),
         (20, (1, 1, 0), "do not explain"),  # 12 left for one sliding group of an 8-block request
         (13, (1, 2, 0), "do not explain"),  # 5 left does not split over two groups

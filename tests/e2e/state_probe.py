@@ -1,0 +1,91 @@
+"""Run with vLLM's python: tiny hybrid models with recurrent-state layers, and the KV pool vLLM gives each.
+
+``make TOKENIZER_DIR OUT``: in ``OUT``, random-weight models as transformers writes them (hidden 128, attention
+layers of two heads and one KV head of 64, so an attention page of 128 tokens is 32 KiB):
+
+* ``qwen3next``: a Qwen3-Next of four layers (``full_attention_interval`` 4: three gated DeltaNet layers,
+  one attention layer; two key heads and four value heads of 32; a four-expert MoE);
+* ``qwen3next-wide``: the same with eight value heads and key and value heads of 64, whose state (68.5 KiB
+  with a 16-bit SSM state) is larger than an attention page, so vLLM raises the block size;
+* ``nemotronh``: a Nemotron-H of four layers (Mamba2, attention, Mamba2, MLP; four SSM heads of 32, state 16).
+
+``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) with the settings
+of :data:`RUNS`, and print per run the block size, the groups (layer names), the blocks, the maximum
+concurrency and the mamba cache mode. Used by ``test_state_layers.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as tf
+from inprocess import print_engines  # a sibling module: this script's folder is on sys.path
+
+BASE: dict[str, Any] = {
+    "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+    "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+}  # fmt: skip
+QWEN3_NEXT: dict[str, Any] = {
+    "num_hidden_layers": 4, "full_attention_interval": 4, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "partial_rotary_factor": 0.25,
+}  # fmt: skip
+WIDE = {"linear_num_value_heads": 8, "linear_key_head_dim": 64, "linear_value_head_dim": 64}
+NEMOTRON_H: dict[str, Any] = {
+    "num_hidden_layers": 4, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 32,
+    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 1,
+}  # fmt: skip
+RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3next": ("qwen3next", {"mamba_ssm_cache_dtype": "float32"}),
+    "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
+    "nemotronh": ("nemotronh", {}),  # the config's own SSM dtype (transformers writes float32)
+    "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
+}
+
+
+def make(tokenizer_dir: Path, root: Path) -> None:
+    """The three models (see the module docstring)."""
+    models = {
+        "qwen3next": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **QWEN3_NEXT)),
+        "qwen3next-wide": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **(QWEN3_NEXT | WIDE))),
+        "nemotronh": tf.NemotronHForCausalLM(tf.NemotronHConfig(**BASE, **NEMOTRON_H)),
+    }
+    for name, model in models.items():
+        model.to(torch.bfloat16).save_pretrained(root / name)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_dir / file, root / name / file)
+
+
+def view(worker: Any) -> dict[str, Any]:
+    """The KV cache's block size, groups, blocks, maximum concurrency and mamba cache mode."""
+    runner = worker.model_runner
+    config, cache = runner.kv_cache_config, runner.cache_config
+    return {
+        "block_size": cache.block_size,
+        "groups": [sorted(group.layer_names) for group in config.kv_cache_groups],
+        "num_blocks": config.num_blocks,
+        "max_concurrency": cache.kv_cache_max_concurrency,
+        "mamba_cache_mode": cache.mamba_cache_mode,
+        "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
+    }
+
+
+def measure(root: Path) -> None:
+    """Print what the engine holds for each run of :data:`RUNS`."""
+    common = {"max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
+    runs = [(label, common | {"model": str(root / model)} | extra) for label, (model, extra) in RUNS.items()]
+    print_engines("STATE", runs, view)
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "make":
+        make(Path(args[0]), Path(args[1]))
+    else:
+        measure(Path(args[0]))

@@ -1,0 +1,91 @@
+"""Hybrid models with recurrent-state layers on the real engine: block size, groups, blocks and concurrency.
+
+vLLM 0.32 loads the tiny Qwen3-Next and Nemotron-H of ``state_probe.py`` (CPU, 1 GiB of KV, ``max_model_len``
+512) and sizes its pool as ``sidecar/budget/state_layers.py`` says: each state layer in a group of its own,
+its state padded to an attention page, the block raised when a state does not fit one (384 tokens for the
+wide Qwen3-Next), and a request holding two blocks per DeltaNet group and three per Mamba2 group with prefix
+caching (one without). Before, the plan counted no state: the same models were planned with every block
+holding tokens of the one attention layer, four times the concurrency vLLM reports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
+from sidecar.budget import load_architecture
+from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.kv_terms import layer_kv_bytes_per_token, state_terms
+from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.units import GIB
+from tests.harness.vllm import run_probe
+
+pytestmark = pytest.mark.e2e
+PROBE = Path(__file__).with_name("state_probe.py")
+RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
+    "qwen3next": ("qwen3next", {"mamba_ssm_cache_dtype": "float32"}),
+    "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
+    "nemotronh": ("nemotronh", {}),
+    "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The models' folder and what vLLM held for each run."""
+    root = tmp_path_factory.mktemp("state")
+    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
+    lines = [
+        x for x in run_probe(vllm_env, PROBE, "measure", str(root)).splitlines() if x.startswith("STATE ")
+    ]
+    runs = [json.loads(line.removeprefix("STATE ")) for line in lines]
+    return root, {run["run"]: run for run in runs}
+
+
+def _plan(root: Path, label: str) -> PlanRequest:
+    folder, settings = RUNS[label]
+    return PlanRequest(
+        architecture=load_architecture(root / folder), gpu_memory_bytes=24 * GIB, max_model_len=512,
+        block_size=128, kv_cache_memory_bytes=GIB, async_scheduling=False, **settings,
+    )  # fmt: skip  # the CPU engine's 128-token blocks and 1 GiB (VLLM_CPU_KVCACHE_SPACE)
+
+
+@pytest.mark.parametrize("label", list(RUNS))
+def test_the_pool_is_planned_as_the_engine_sizes_it(engine: tuple[Path, Any], label: str) -> None:
+    root, runs = engine
+    run, request = runs[label], _plan(root, label)
+    ledger = build_ledger(request)
+    assert ledger.block_size == run["block_size"]
+    groups = kv_groups(request.architecture.layer_kinds)
+    assert (groups.full + groups.state, groups.layers_per_group) == (len(run["groups"]), 1)
+    assert ledger.kv_pool_blocks == run["num_blocks"]
+    assert ledger.max_concurrency == round(run["max_concurrency"], 2)
+    assert run["mamba_cache_mode"] == ("none" if label.endswith("no-prefix-caching") else "align")
+
+
+@pytest.mark.parametrize("label", list(RUNS))
+def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
+    engine: tuple[Path, Any], label: str
+) -> None:
+    root, runs = engine
+    run, request = runs[label], _plan(root, label)
+    groups = kv_groups(request.architecture.layer_kinds)
+    state = state_terms(request, layer_kv_bytes_per_token(request))
+    assert state is not None
+    shape = (groups.full, groups.sliding, groups.chunked, groups.state)
+    block = run["block_size"]
+    from_engine = resolve_layout(
+        block_size=block, max_model_len=512,
+        engine_blocks=engine_blocks_per_request(run["num_blocks"], run["max_concurrency"]), groups=shape,
+    ).layout  # fmt: skip
+    predicted = resolve_layout(
+        block_size=block, max_model_len=512, engine_blocks=None, groups=shape,
+        predicted_state_blocks=state.blocks_per_group,
+    ).layout  # fmt: skip
+    assert from_engine == predicted
+    assert predicted is not None
+    assert run["num_blocks"] / predicted.blocks(512, block) == pytest.approx(run["max_concurrency"])
