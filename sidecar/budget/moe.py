@@ -29,6 +29,7 @@ from typing import Any, Final
 from sidecar.budget.config_fields import first_int
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
+_SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
 LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
 """``Llama4TextConfig.intermediate_size_mlp``'s default (transformers 5.19), for a config that omits it."""
 
@@ -45,6 +46,7 @@ class MoeSpec:
     dense_layers: int = 0  # leading layers with an ordinary MLP (DeepSeek's first_k_dense_replace)
     moe_layers: tuple[int, ...] | None = None  # the MoE layers when not "every layer from dense_layers on"
     dense_intermediate_size: int | None = None  # the ordinary MLP's width when not intermediate_size
+    shared_gate: bool = False  # Qwen2-MoE, Qwen3-Next, Qwen3.5: a hidden -> 1 gate on the shared expert
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (from 0) holds experts rather than an ordinary MLP."""
@@ -87,6 +89,12 @@ def moe_from_config(
                 first_int(cfg, "intermediate_size_mlp") or LLAMA4_DENSE_INTERMEDIATE_DEFAULT
             ),
         )
+    moe_layers = None
+    if model_type == "nemotron_h":  # only its "E" (transformers 5: "moe") blocks hold experts
+        blocks = cfg.get("layers_block_type") or list(str(cfg.get("hybrid_override_pattern") or ""))
+        moe_layers = tuple(i for i, block in enumerate(blocks) if block in ("E", "moe"))
+        if not moe_layers:
+            return None
     shared = first_int(cfg, "n_shared_experts") or 0
     shared_size = shared * expert_size
     if (qwen_shared := first_int(cfg, "shared_expert_intermediate_size")) is not None:
@@ -98,4 +106,6 @@ def moe_from_config(
         shared_experts=shared,
         shared_intermediate_size=shared_size,
         dense_layers=first_int(cfg, "first_k_dense_replace") or 0,
+        moe_layers=moe_layers,
+        shared_gate=model_type in _SHARED_GATE_TYPES,
     )

@@ -56,8 +56,9 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
     if moe is None or not moe.is_moe_layer(layer):
         matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2
         return matrices * hidden * dense_mlp_width(arch)
-    experts = moe.num_experts * _GATED_MLP_MATRICES * hidden * moe.expert_intermediate_size
-    shared = _GATED_MLP_MATRICES * hidden * moe.shared_intermediate_size
+    matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2  # Nemotron-H's experts: up and down (relu2)
+    experts = moe.num_experts * matrices * hidden * moe.expert_intermediate_size
+    shared = matrices * hidden * moe.shared_intermediate_size + (hidden if moe.shared_gate else 0)
     router = hidden * moe.num_experts
     return experts + shared + router
 

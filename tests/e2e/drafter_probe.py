@@ -72,6 +72,11 @@ def _engine_view(worker: Any) -> dict[str, Any]:
 
 def measure(model: str) -> None:
     """Print what the engine holds with the MTP drafter and without."""
+    # The reference MLA backend, which keeps kv_b_proj's decode copies as a GPU's MLA backends do (and
+    # 16-token blocks): on a CPU with AMX vLLM picks AMX_MLA for the model and the drafter alike (128-token
+    # blocks, no copies; CpuPlatform.get_attn_backend_cls, 0.32.0), and asking for CPU_MLA reaches the
+    # model but not the drafter. So the probe's process is told the CPU has no AMX tiles.
+    torch.cpu._is_amx_tile_supported = lambda: False  # noqa: SLF001 - vLLM's own check, in this process only
     common = {"model": model, "max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
     mtp = {"method": "mtp", "num_speculative_tokens": 1}
     print_engines("DRAFTER", [("mtp", common | {"speculative_config": mtp}), ("plain", common)], _engine_view)

@@ -24,7 +24,7 @@ from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.errors import UsageError
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import run_probe
+from tests.harness.vllm import probe_runs, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("eagle_probe.py")
@@ -43,11 +43,7 @@ def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
     """The models' folder and what vLLM held without a drafter (``plain``) and with each."""
     root = tmp_path_factory.mktemp("eagle")
     run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
-    lines = [
-        x for x in run_probe(vllm_env, PROBE, "measure", str(root)).splitlines() if x.startswith("DRAFTER ")
-    ]
-    runs = [json.loads(line.removeprefix("DRAFTER ")) for line in lines]
-    return root, {run["run"]: run for run in runs}
+    return root, probe_runs(vllm_env, PROBE, "DRAFTER", "measure", str(root))
 
 
 def _spec(root: Path, label: str) -> SpeculativeSettings | None:

@@ -11,7 +11,6 @@ packing the class declares, one vLLM infers or adds at run time, embeddings only
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from sidecar.budget import load_architecture
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.lora import LoraSlots, lora_slot_bytes
 from sidecar.units import GIB
-from tests.harness.vllm import run_probe
+from tests.harness.vllm import run_probe, tagged_records
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("lora_slots_probe.py")
@@ -61,10 +60,7 @@ def measured(
         f"{models[family]}:{loras}:{rank}" + (f"@{'+'.join(targets)}" if targets else "")
         for _, family, loras, rank, targets in CASES
     ]
-    lines = [
-        x for x in run_probe(vllm_env, PROBE, "measure", *specs).splitlines() if x.startswith("LORA-SLOTS ")
-    ]
-    records = [json.loads(line.removeprefix("LORA-SLOTS ")) for line in lines]
+    records = tagged_records(run_probe(vllm_env, PROBE, "measure", *specs), "LORA-SLOTS")
     return {case: (models[family], record) for (case, family, *_), record in zip(CASES, records, strict=True)}
 
 

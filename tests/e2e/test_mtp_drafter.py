@@ -11,7 +11,6 @@ weights of the model itself. The same engine shows MLA's decode copies of ``kv_b
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from sidecar.budget.profile import mla_absorbed_bytes
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import run_probe
+from tests.harness.vllm import probe_runs, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("drafter_probe.py")
@@ -36,11 +35,7 @@ def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
     """The model directory and what vLLM held with the drafter (``mtp``) and without (``plain``)."""
     model = tmp_path_factory.mktemp("mtp") / "tiny-deepseek-v3"
     run_probe(vllm_env, PROBE, "make", str(tiny_model), str(model))
-    lines = [
-        x for x in run_probe(vllm_env, PROBE, "measure", str(model)).splitlines() if x.startswith("DRAFTER ")
-    ]
-    runs = [json.loads(line.removeprefix("DRAFTER ")) for line in lines]
-    return model, {run["run"]: run for run in runs}
+    return model, probe_runs(vllm_env, PROBE, "DRAFTER", "measure", str(model))
 
 
 def _plan(model: Path, spec: SpeculativeSettings | None) -> PlanRequest:

@@ -11,7 +11,6 @@ Measured 2026-12-06, three runs alike: 24.0 and 36.0 ``R x vocab`` bytes, an inc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from statistics import median
 
@@ -21,7 +20,7 @@ from sidecar.budget import load_architecture
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
-from tests.harness.vllm import run_probe
+from tests.harness.vllm import probe_runs, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("rejection_probe.py")
@@ -31,11 +30,7 @@ TOLERANCE = 0.5  # R x vocab bytes: what the pass allocates beside those tensors
 def test_the_rejection_pass_adds_what_the_plan_adds(vllm_env: Path, tiny_model: Path, tmp_path: Path) -> None:
     model = tmp_path / "tiny-large-vocab"
     run_probe(vllm_env, PROBE, "make", str(tiny_model), str(model))
-    lines = run_probe(vllm_env, PROBE, "measure", str(model)).splitlines()
-    runs = {
-        run["run"]: run
-        for run in (json.loads(x.removeprefix("SAMPLER ")) for x in lines if x.startswith("SAMPLER "))
-    }
+    runs = probe_runs(vllm_env, PROBE, "SAMPLER", "measure", str(model))
     rows, vocab = runs["plain"]["rows"], runs["plain"]["vocab"]
     unit = rows * vocab
     measured = (median(runs["ngram"]["peaks"]) - median(runs["plain"]["peaks"])) / unit

@@ -6,11 +6,17 @@ its state padded to an attention page, the block raised when a state does not fi
 wide Qwen3-Next), and a request holding two blocks per DeltaNet group and three per Mamba2 group with prefix
 caching (one without). Before, the plan counted no state: the same models were planned with every block
 holding tokens of the one attention layer, four times the concurrency vLLM reports.
+
+Served (the wide model, 16 blocks of 384 tokens), three requests growing to 830 tokens preempt straight (two
+start in 1 + 6 blocks each and grow to 3 + 6) and not through the sidecar, whose capacity admission reads
+the three DeltaNet groups' two blocks per request from the engine's page (before, it found the engine's
+figure unexplained and fell back to ``lanes``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +24,17 @@ import pytest
 
 from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
 from sidecar.budget import load_architecture
+from sidecar.budget.architecture import architecture_from_config
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.kv_terms import layer_kv_bytes_per_token, state_terms
 from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.parameters import computed_parameter_count
 from sidecar.units import GIB
-from tests.harness.vllm import run_probe
+from tests.e2e.conftest import serve
+from tests.e2e.spikes import straight_then_through
+from tests.harness.checkpoint import tensor_bytes
+from tests.harness.spike import SpikeConfig
+from tests.harness.vllm import VllmServer, probe_runs, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("state_probe.py")
@@ -34,16 +46,17 @@ RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
 }
 
 
+GROWING = SpikeConfig(
+    seed=12, long_requests=3, short_requests=0, long_prompt=130, long_output=700, spread_seconds=0.1
+)  # in 16 blocks of 384 tokens two start (1 + 6 each) and grow to 3 + 6 each
+
+
 @pytest.fixture(scope="module")
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The models' folder and what vLLM held for each run."""
     root = tmp_path_factory.mktemp("state")
     run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
-    lines = [
-        x for x in run_probe(vllm_env, PROBE, "measure", str(root)).splitlines() if x.startswith("STATE ")
-    ]
-    runs = [json.loads(line.removeprefix("STATE ")) for line in lines]
-    return root, {run["run"]: run for run in runs}
+    return root, probe_runs(vllm_env, PROBE, "STATE", "measure", str(root))
 
 
 def _plan(root: Path, label: str) -> PlanRequest:
@@ -89,3 +102,39 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
     assert from_engine == predicted
     assert predicted is not None
     assert run["num_blocks"] / predicted.blocks(512, block) == pytest.approx(run["max_concurrency"])
+
+
+@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh"])
+def test_the_mixers_are_counted_as_transformers_builds_them(engine: tuple[Path, Any], model: str) -> None:
+    """From config.json alone (no weights read): every DeltaNet, Mamba2, attention, MoE and MLP tensor."""
+    folder = engine[0] / model
+    arch = architecture_from_config(json.loads((folder / "config.json").read_text()))
+    assert computed_parameter_count(arch) == sum(tensor_bytes(folder).values()) // 2  # bf16
+
+
+@pytest.fixture(scope="module")
+def state_server(
+    vllm_env: Path, engine: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    """The wide Qwen3-Next (the CPU's DeltaNet kernel wants heads of 64) served with the harness's 16 blocks
+    (of 384 tokens here) and max_model_len 1024."""
+    yield from serve(
+        vllm_env, engine[0] / "qwen3next-wide", tmp_path_factory, "vllm-state.log",
+        ("--mamba-ssm-cache-dtype", "bfloat16"),
+    )  # fmt: skip
+
+
+async def test_through_the_sidecar_growing_requests_on_a_state_model_do_not_preempt(
+    state_server: VllmServer, engine: tuple[Path, Any]
+) -> None:
+    """Capacity admission plans the three DeltaNet groups' six blocks a request; straight, vLLM preempts."""
+    _, proxied, layout = await straight_then_through(state_server.url, engine[0] / "qwen3next-wide", GROWING)
+    assert proxied.preemptions == 0
+    assert layout == {
+        "full_attention_groups": 1,
+        "sliding_window_groups": 0,
+        "sliding_window_cap_blocks": 0,
+        "speculative_tokens": 0,
+        "state_groups": 3,
+        "state_blocks": 2,
+    }

@@ -9,6 +9,7 @@ generates the model at run time (never committed). :class:`VllmServer` starts
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ROOT = Path(__file__).parents[2]
 
@@ -50,6 +51,17 @@ def run_probe(python: Path, script: Path, *args: str, timeout: float = 900) -> s
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def tagged_records(stdout: str, tag: str) -> list[dict[str, Any]]:
+    """The JSON records a probe printed as ``TAG {json}`` lines (:func:`tests.e2e.inprocess.print_engines`)."""
+    prefix = f"{tag} "
+    return [json.loads(line.removeprefix(prefix)) for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+def probe_runs(python: Path, script: Path, tag: str, *args: str) -> dict[str, dict[str, Any]]:
+    """Run a probe (:func:`run_probe`) and key its ``tag`` records by their ``run`` label."""
+    return {record["run"]: record for record in tagged_records(run_probe(python, script, *args), tag)}
 
 
 def vision_path() -> Path:
