@@ -27,6 +27,11 @@ FIELDS = (
     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
     "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
     "n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "multi_query_group_num",
+    "shared_intermediate_size", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "mamba_n_heads", "mamba_d_head",
+    "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_num_heads",
+    "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "mamba_ssm_cache_dtype",
+    "mamba_ssm_dtype",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

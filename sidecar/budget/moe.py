@@ -2,8 +2,8 @@
 
 Most families make every layer (DeepSeek: every layer after ``first_k_dense_replace``) a MoE layer of
 ``num_local_experts`` (``n_routed_experts``, ``num_experts``) experts of ``moe_intermediate_size``
-(else ``intermediate_size``), with DeepSeek's ``n_shared_experts`` of the same width or Qwen's one shared
-expert of ``shared_expert_intermediate_size``.
+(else ``intermediate_size``), with DeepSeek's ``n_shared_experts`` of the same width or one shared expert of
+Qwen's ``shared_expert_intermediate_size`` or Granite's ``shared_intermediate_size``.
 
 Llama 4 (``llama4_text``) is read as transformers 5.19 defines it (``models/llama4/configuration_llama4.py``,
 ``Llama4TextConfig.__post_init__``; ``modeling_llama4.py``, ``Llama4TextDecoderLayer``,
@@ -97,8 +97,9 @@ def moe_from_config(
             return None
     shared = first_int(cfg, "n_shared_experts") or 0
     shared_size = shared * expert_size
-    if (qwen_shared := first_int(cfg, "shared_expert_intermediate_size")) is not None:
-        shared, shared_size = 1, qwen_shared
+    one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
+    if one_shared:
+        shared, shared_size = 1, one_shared
     return MoeSpec(
         num_experts=experts,
         experts_per_token=top_k,

@@ -7,7 +7,9 @@ layers of two heads and one KV head of 64, so an attention page of 128 tokens is
   one attention layer; two key heads and four value heads of 32; a four-expert MoE);
 * ``qwen3next-wide``: the same with eight value heads and key and value heads of 64, whose state (68.5 KiB
   with a 16-bit SSM state) is larger than an attention page, so vLLM raises the block size;
-* ``nemotronh``: a Nemotron-H of four layers (Mamba2, attention, Mamba2, MLP; four SSM heads of 32, state 16).
+* ``nemotronh``: a Nemotron-H of four layers (Mamba2, attention, Mamba2, MLP; four SSM heads of 32, state 16);
+* ``granite``: a Granite-4.0-H (``GraniteMoeHybrid``) of four layers (``layer_types``: Mamba2, attention and two
+  Mamba2, the same SSM shape), each with four experts and a shared MLP.
 
 ``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) with the settings
 of :data:`RUNS`, and print per run the block size, the groups (layer names), the blocks, the maximum
@@ -41,20 +43,29 @@ NEMOTRON_H: dict[str, Any] = {
     "num_hidden_layers": 4, "hybrid_override_pattern": "M*M-", "mamba_num_heads": 4, "mamba_head_dim": 32,
     "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 1,
 }  # fmt: skip
+GRANITE: dict[str, Any] = {
+    "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 4,
+    "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 1,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
+}  # fmt: skip
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3next": ("qwen3next", {"mamba_ssm_cache_dtype": "float32"}),
     "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
     "nemotronh": ("nemotronh", {}),  # the config's own SSM dtype (transformers writes float32)
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
+    "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),  # the CPU's choice for Mamba2, said for all
 }
 
 
 def make(tokenizer_dir: Path, root: Path) -> None:
-    """The three models (see the module docstring)."""
+    """The four models (see the module docstring)."""
     models = {
         "qwen3next": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **QWEN3_NEXT)),
         "qwen3next-wide": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **(QWEN3_NEXT | WIDE))),
         "nemotronh": tf.NemotronHForCausalLM(tf.NemotronHConfig(**BASE, **NEMOTRON_H)),
+        "granite": tf.GraniteMoeHybridForCausalLM(
+            tf.GraniteMoeHybridConfig(**{k: v for k, v in BASE.items() if k != "head_dim"}, **GRANITE)
+        ),
     }
     for name, model in models.items():
         model.to(torch.bfloat16).save_pretrained(root / name)

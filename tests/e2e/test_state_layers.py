@@ -43,6 +43,7 @@ RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
     "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
     "nemotronh": ("nemotronh", {}),
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
+    "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),
 }
 
 
@@ -104,7 +105,7 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
     assert run["num_blocks"] / predicted.blocks(512, block) == pytest.approx(run["max_concurrency"])
 
 
-@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh"])
+@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh", "granite"])
 def test_the_mixers_are_counted_as_transformers_builds_them(engine: tuple[Path, Any], model: str) -> None:
     """From config.json alone (no weights read): every DeltaNet, Mamba2, attention, MoE and MLP tensor."""
     folder = engine[0] / model

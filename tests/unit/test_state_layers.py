@@ -14,6 +14,7 @@ import pytest
 
 from sidecar.budget.architecture import LayerKind, architecture_from_config
 from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.parameters import computed_parameter_count
 from sidecar.budget.state_layers import GATED_DELTA_NET, MAMBA2, StateRules, StateSpec, hybrid_block_size
 from sidecar.errors import ConfigError, UsageError
 from sidecar.units import GIB
@@ -186,3 +187,20 @@ def test_an_unknown_ssm_dtype_is_refused() -> None:
                 arch, 80 * GIB, max_model_len=4096, tensor_parallel_size=4, mamba_ssm_cache_dtype="fp8"
             )
         )
+
+
+def test_a_granite_4_h_config_counts_its_mixers_experts_and_shared_mlp() -> None:
+    """The e2e tier's tiny Granite-4.0-H: 2,018,692 parameters in the checkpoint transformers writes."""
+    config = {
+        "model_type": "granitemoehybrid", "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+        "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 4,
+        "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 1,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    arch = architecture_from_config(config)
+    assert arch.layer_kinds == (LayerKind.STATE, LayerKind.FULL, LayerKind.STATE, LayerKind.STATE)
+    assert arch.state == StateSpec(
+        MAMBA2, conv_dim=160, conv_kernel=4, heads=4, head_dim=32, state_dim=16, groups=1, chunk_size=256
+    )  # transformers' default mamba_chunk_size
+    assert computed_parameter_count(arch) == 2_018_692
