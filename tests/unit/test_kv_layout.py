@@ -106,27 +106,8 @@ def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int
         (32, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 8)),  # Llama-4-Scout's four groups of 12 layers
         (20, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 4)),  # a chunk shorter than the request
         (None, (1, 0, 3), 4, GroupLayout(1, 0, 0, 3, 4)),
-    ],
-)
-def test_the_layout_is_read_from_the_engine_and_the_layers(
-    engine: int | None, groups: tuple[int, int, int] | None, predicted: int | None, layout: GroupLayout
-) -> None:
-    answer = resolve_layout(
-        block_size=128,
-        max_model_len=1024,
-        engine_blocks=engine,
-        groups=groups,
-        predicted_window_cap=predicted,
-        predicted_chunk_cap=predicted,
-    )
-    assert answer.layout == layout
-
-
-@pytest.mark.parametrize(
-    ("engine", "groups", "predicted", "layout"),
-    [
-        (8 + 3 * 2, (1, 0, 0, 3), None, GroupLayout(1, state=3, state_blocks=2)),  # the engine says two each
-        (8 + 2 * 3, (1, 0, 0, 2), None, GroupLayout(1, state=2, state_blocks=3)),  # Mamba2: three each
+        (8 + 3 * 2, (1, 0, 0, 3), None, GroupLayout(1, state=3, state_blocks=2)),  # Qwen3-Next: two per group
+        (8 + 2 * 3, (1, 0, 0, 2), None, GroupLayout(1, state=2, state_blocks=3)),  # Mamba2: three per group
         (
             None,
             (1, 0, 0, 3),
@@ -136,14 +117,19 @@ def test_the_layout_is_read_from_the_engine_and_the_layers(
         (8 + 3 * 2, (1, 0, 0, 3), 2, GroupLayout(1, state=3, state_blocks=2)),
     ],
 )
-def test_a_state_groups_blocks_come_from_the_engine_or_the_model(
-    engine: int | None, groups: tuple[int, int, int, int], predicted: int | None, layout: GroupLayout
+def test_the_layout_is_read_from_the_engine_and_the_layers(
+    engine: int | None,
+    groups: tuple[int, ...] | None,
+    predicted: int | None,
+    layout: GroupLayout,
 ) -> None:
     answer = resolve_layout(
         block_size=128,
         max_model_len=1024,
         engine_blocks=engine,
-        groups=groups,
+        groups=groups,  # type: ignore[arg-type] - three or four counts
+        predicted_window_cap=predicted,
+        predicted_chunk_cap=predicted,
         predicted_state_blocks=predicted,
     )
     assert answer.layout == layout
