@@ -40,8 +40,9 @@ layers and one attention layer) and a tiny Nemotron-H (two Mamba2 layers, one at
 block size, groups, blocks and maximum concurrency the plan gives, with both SSM dtypes.
 
 Not modelled: Mamba1 (Jamba, Mamba), Falcon-H1's parallel mixers, Zamba2, MiniMax and Kimi linear attention,
-ReplaySSM's rings (``--mamba-backend``), ``--mamba-cache-dtype`` other than ``auto``, pipeline stages with
-state layers, and MLA attention beside state layers (its kernels' 128-token alignment).
+ReplaySSM's rings (``--mamba-backend``), ``--mamba-cache-dtype`` other than ``auto``, ``--mamba-block-size``,
+pipeline stages with state layers, MLA attention beside state layers (its kernels' 128-token alignment) and
+the larger kernel blocks of Blackwell's FlashAttention 4 for 256-wide heads (``_get_fa4_hd256_block_size``).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from sidecar.errors import ConfigError, UsageError
 
 KERNEL_BLOCK: Final = 16
 """The smallest block vLLM's GPU attention kernels take (``MultipleOf(16)`` in FlashAttention, Triton)."""
-MAMBA1_CHUNK: Final = 2048
+DEFAULT_MAMBA_CHUNK: Final = 2048
 """``ModelConfig.get_mamba_chunk_size`` when a config names no chunk."""
 GATED_DELTA_NET: Final = "gated_delta_net"
 MAMBA2: Final = "mamba2"
@@ -145,7 +146,7 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             state_dim=state,
             groups=groups,
             ssm_dtype=str(ssm) if ssm else None,
-            chunk_size=first_int(cfg, "mamba_chunk_size", "chunk_size") or MAMBA1_CHUNK,
+            chunk_size=first_int(cfg, "mamba_chunk_size", "chunk_size") or DEFAULT_MAMBA_CHUNK,
         )
     return None
 
