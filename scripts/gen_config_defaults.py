@@ -31,7 +31,8 @@ FIELDS = (
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "mamba_n_heads", "mamba_d_head",
     "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_num_heads",
     "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "mamba_ssm_cache_dtype",
-    "mamba_ssm_dtype",
+    "mamba_ssm_dtype", "mamba_d_ssm", "mamba_conv_bias", "mamba_proj_bias", "mamba_rms_norm",
+    "projectors_bias", "attn_layer_period", "attn_layer_offset",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

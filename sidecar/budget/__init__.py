@@ -11,8 +11,9 @@ pointed at. Typical use::
 """
 
 from sidecar.budget.advice import Option, advise
-from sidecar.budget.architecture import Architecture, LayerKind, architecture_from_config, load_architecture
+from sidecar.budget.architecture import Architecture, architecture_from_config, load_architecture
 from sidecar.budget.catalog import GPUS, MODELS, Gpu, resolve_gpu, resolve_model
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count, parameter_count
 from sidecar.budget.report import ledger_to_dict, render_table

@@ -10,14 +10,10 @@ Field fallbacks follow vLLM: KV heads are the first present of ``n_head_kv``, ``
 ``head_dim``, else ``hidden_size_per_head``, else ``hidden_size // num_attention_heads``.
 Multimodal configs keep the language model under ``text_config``.
 
-Llama 4 (``llama4_text``): layer ``i`` uses RoPE unless ``no_rope_layers[i]`` is 0, and when that list is
-empty or absent every fourth layer is NoPE (``Llama4TextConfig.__post_init__``,
-``transformers/models/llama4/configuration_llama4.py``, 5.19). vLLM 0.32.0 gives the RoPE layers chunked
-local attention over ``attention_chunk_size`` tokens (default 8192) and the NoPE layers full attention
-(``Llama4Attention.__init__``, ``vllm/model_executor/models/llama4.py``: ``ChunkedLocalAttention`` when
-``not self.nope and config.attention_chunk_size``), hence :attr:`LayerKind.CHUNKED`. Its QK norm is
-``Llama4TextL2Norm`` (``modeling_llama4.py``; vLLM: ``RMSNorm(..., has_weight=False)``), which has no weight,
-so ``qk_norm`` stays off for the parameter count. Its MoE layers: :mod:`sidecar.budget.moe`.
+Which layers attend, in a window or chunk, or keep a recurrent state: :mod:`sidecar.budget.layer_kinds`.
+Llama 4's QK norm is ``Llama4TextL2Norm`` (``modeling_llama4.py``; vLLM: ``RMSNorm(...,
+has_weight=False)``), which has no weight, so ``qk_norm`` stays off for the parameter count. Its MoE layers:
+:mod:`sidecar.budget.moe`.
 """
 
 from __future__ import annotations
@@ -25,47 +21,30 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
-from sidecar.budget.moe import LLAMA4_TYPES, MoeSpec, moe_from_config
+from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
+from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
 from sidecar.budget.vision import vision_parameters
+from sidecar.budget.vllm_classes import state_class
 from sidecar.errors import ConfigError
 
-_QWEN_WINDOW_TYPES = frozenset(
-    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
-)  # use_sliding_window decides (off in every published checkpoint); windows from max_window_layers on
-_GEMMA3_TYPES = frozenset({"gemma3", "gemma3_text"})
+__all__ = [  # LayerKind is re-exported: callers knew it from here before it moved to layer_kinds
+    "Architecture", "LayerKind", "MlaSpec", "architecture_from_config", "load_architecture",
+    "read_config_file",
+]  # fmt: skip
 _FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 _PLAIN_MLP_TYPES = frozenset(
     {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi", "nemotron_h"}
 )
-_DEFAULT_GEMMA3_PATTERN = 6
-_LLAMA4_NO_ROPE_INTERVAL = 4  # Llama4TextConfig.no_rope_layer_interval's default
-_LLAMA4_CHUNK_DEFAULT = 8192  # Llama4TextConfig.attention_chunk_size's default
-
-
-class LayerKind(StrEnum):
-    """How one decoder layer holds KV: all tokens, a window of them, the current chunk, a state, or none."""
-
-    FULL = "full"
-    SLIDING = "sliding"
-    CHUNKED = "chunked"  # Llama 4's chunked local attention (vLLM's ChunkedLocalAttentionSpec)
-    STATE = "state"  # a fixed-size recurrent state per sequence (sidecar.budget.state_layers)
-    NONE = "none"
-
-    @property
-    def attends(self) -> bool:
-        """Whether the layer keeps KV per token (full, sliding or chunked attention)."""
-        return self in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +98,13 @@ class Architecture:
     draft_layers: int = 0  # ``num_nextn_predict_layers``: MTP layers shipped beside the model, not loaded
     rope_key: str = ""  # what vLLM's ``get_rope`` caches a table by: models with the same key share one
     state: StateSpec | None = None  # the STATE layers' shape (sidecar.budget.state_layers)
+    parallel_state_layers: int = 0  # state mixers beside attention in the same layers (Falcon-H1)
+    unmodelled_state: bool = False  # the config declares state layers of a family the plan does not model
+
+    @property
+    def kv_kinds(self) -> tuple[LayerKind, ...]:
+        """The kinds of every layer that draws on the pool: the layers', then parallel state mixers'."""
+        return self.layer_kinds + (LayerKind.STATE,) * self.parallel_state_layers
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -149,61 +135,6 @@ def _required_int(cfg: Mapping[str, Any], *keys: str) -> int:
             f"config.json lacks a positive {' or '.join(repr(k) for k in keys)}: is it a decoder LLM?"
         )
     return value
-
-
-def _attention_chunk_size(cfg: Mapping[str, Any], model_type: str) -> int | None:
-    """Llama 4's ``attention_chunk_size`` (transformers' default when absent; ``null`` turns it off)."""
-    if model_type not in LLAMA4_TYPES:
-        return None
-    return first_int(cfg, "attention_chunk_size") if "attention_chunk_size" in cfg else _LLAMA4_CHUNK_DEFAULT
-
-
-def _llama4_layer_kinds(cfg: Mapping[str, Any], num_layers: int, chunk: int | None) -> tuple[LayerKind, ...]:
-    """RoPE layers attend within their chunk, NoPE layers to every token (see the module docstring)."""
-    rope = cfg.get("no_rope_layers")
-    if not (isinstance(rope, list) and len(rope) == num_layers):  # transformers: [] or absent -> the default
-        rope = [(i + 1) % _LLAMA4_NO_ROPE_INTERVAL != 0 for i in range(num_layers)]
-    return tuple(LayerKind.CHUNKED if chunk and uses_rope else LayerKind.FULL for uses_rope in rope)
-
-
-def _layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
-    cfg: Mapping[str, Any], model_type: str, num_layers: int
-) -> tuple[LayerKind, ...]:
-    window = first_int(cfg, "sliding_window")
-    if model_type in LLAMA4_TYPES:
-        return _llama4_layer_kinds(cfg, num_layers, _attention_chunk_size(cfg, model_type))
-    layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
-    if isinstance(layer_types, list) and len(layer_types) == num_layers:
-        kinds = {
-            "full_attention": LayerKind.FULL,
-            "attention": LayerKind.FULL,  # Granite-4.0-H
-            "sliding_attention": LayerKind.SLIDING,
-            "chunked_attention": LayerKind.CHUNKED,
-            "linear_attention": LayerKind.STATE,  # Qwen3.5's gated DeltaNet
-            "mamba": LayerKind.STATE,
-        }
-        return tuple(kinds.get(str(t), LayerKind.NONE) for t in layer_types)
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: "*" attends, "M" is Mamba2
-        return tuple({"*": LayerKind.FULL, "M": LayerKind.STATE}.get(c, LayerKind.NONE) for c in pattern)
-    interval = first_int(cfg, "full_attention_interval")
-    if interval and model_type == "qwen3_next":  # every interval-th layer attends; the rest are DeltaNet
-        return tuple(
-            LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.STATE for i in range(num_layers)
-        )
-    if window is None:
-        return (LayerKind.FULL,) * num_layers
-    if model_type in _QWEN_WINDOW_TYPES:
-        if not cfg.get("use_sliding_window", False):
-            return (LayerKind.FULL,) * num_layers
-        first_windowed = first_int(cfg, "max_window_layers") or 0
-        return tuple(LayerKind.SLIDING if i >= first_windowed else LayerKind.FULL for i in range(num_layers))
-    if model_type == "gemma2":  # even layers local, odd layers global
-        return tuple(LayerKind.SLIDING if (i + 1) % 2 else LayerKind.FULL for i in range(num_layers))
-    if model_type in _GEMMA3_TYPES:
-        pattern = first_int(cfg, "sliding_window_pattern") or _DEFAULT_GEMMA3_PATTERN
-        return tuple(LayerKind.SLIDING if (i + 1) % pattern else LayerKind.FULL for i in range(num_layers))
-    return (LayerKind.SLIDING,) * num_layers  # Mistral v0.1, Mixtral, Starcoder2: every layer windowed
 
 
 def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
@@ -300,6 +231,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     blocks = cfg.get("layers_block_type")  # Nemotron-H as transformers 5 writes it: no num_hidden_layers
     num_layers = len(blocks) if isinstance(blocks, list) and blocks and "num_hidden_layers" not in cfg else 0
     num_layers = num_layers or _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    if state_class(_class_name(top)) == "attention_free":
+        raise ConfigError(
+            f"vLLM serves {_class_name(top)} without attention layers (a pure state-space model): "
+            "kv-sidecar plans attention KV and does not model it; run the sidecar without a plan"
+        )
     heads = _required_int(cfg, "num_attention_heads", "n_head")
     hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = (
@@ -320,9 +256,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     mla = _mla(cfg)
     max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
     rotary = mla.qk_rope_head_dim if mla else head_dim
-    state, kinds = state_spec(cfg, model_type), _layer_kinds(cfg, model_type, num_layers)
-    if state is None:  # state layers of a family not modelled hold nothing in the plan, as before
-        kinds = tuple(LayerKind.NONE if kind is LayerKind.STATE else kind for kind in kinds)
+    state, kinds = state_spec(cfg, model_type), layer_kinds(cfg, model_type, num_layers)
+    parallel = parallel_state_layers(model_type, num_layers)
+    unmodelled = state is None and (parallel > 0 or LayerKind.STATE in kinds)
+    if unmodelled:  # a family whose state layers are not modelled: nothing in the plan (a note says so)
+        kinds, parallel = tuple(LayerKind.NONE if kind is LayerKind.STATE else kind for kind in kinds), 0
     return Architecture(
         model_type=model_type,
         num_layers=num_layers,
@@ -335,9 +273,11 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         tie_word_embeddings=bool(tie),
         dtype=dtype,
         layer_kinds=kinds,
-        state=state if LayerKind.STATE in kinds else None,
+        state=state if LayerKind.STATE in kinds or parallel else None,
+        parallel_state_layers=parallel,
+        unmodelled_state=unmodelled,
         sliding_window=first_int(cfg, "sliding_window"),
-        attention_chunk_size=_attention_chunk_size(cfg, model_type),
+        attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,
         derived_max_model_len=_derived_max_len(cfg, model_type),
         rope_cache_elements=rope_cache_elements(

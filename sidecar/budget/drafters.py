@@ -52,7 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from sidecar.budget.architecture import Architecture, LayerKind, architecture_from_config
+from sidecar.budget.architecture import Architecture, architecture_from_config
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.budget.architecture import LayerKind
+from sidecar.budget.layer_kinds import LayerKind
 
 BALANCED_GROUP_RATIO = 1.5
 """Below this ratio of the larger layer count to the smaller, groups are as large as the larger count.

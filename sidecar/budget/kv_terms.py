@@ -12,11 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sidecar.budget.architecture import Architecture, LayerKind
+from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_element, normalise_dtype
 from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.speculative import drafter_kv_layers
 from sidecar.budget.state_layers import StateRules, hybrid_block_size
+from sidecar.budget.vllm_classes import state_class
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -37,8 +39,8 @@ def kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
     """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
     arch, drafter = request.architecture, (LayerKind.FULL,) * drafter_kv_layers(request)  # MTP layers attend
     if arch.attention_chunk_size and request.release.groups_chunked_local_attention():
-        return arch.layer_kinds + drafter
-    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.layer_kinds) + drafter
+        return arch.kv_kinds + drafter
+    return tuple(LayerKind.FULL if kind is LayerKind.CHUNKED else kind for kind in arch.kv_kinds) + drafter
 
 
 def tokens_held(kind: LayerKind, arch: Architecture, length: int) -> int:
@@ -65,7 +67,7 @@ class StateTerms:
 def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
     """The state layers' page, the block size they impose and their blocks per request, if any."""
     arch = request.architecture
-    if arch.state is None or LayerKind.STATE not in arch.layer_kinds:
+    if arch.state is None or LayerKind.STATE not in arch.kv_kinds:
         return None
     speculative = request.speculative.num_speculative_tokens if request.speculative else 0
     page = arch.state.page_bytes(
@@ -84,7 +86,7 @@ def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
         speculative_tokens=speculative,
         sequence_blocks=math.ceil(request.effective_max_model_len / block),
     )
-    return StateTerms(page, block, blocks, sum(kind is LayerKind.STATE for kind in arch.layer_kinds))
+    return StateTerms(page, block, blocks, sum(kind is LayerKind.STATE for kind in arch.kv_kinds))
 
 
 def blocks_per_request(
@@ -150,10 +152,21 @@ def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int
     """What the state layers take, for ``plan``'s notes (none without state layers)."""
     arch = request.architecture
     if state is None or arch.state is None:
-        return ()
+        return _unmodelled_state_note(arch)
     raised = f"the block is raised to {state.block_size} tokens so an attention page holds one state; "
     return (
         f"{state.layers} {arch.state.mixer.replace('_', ' ')} state layers of {state.page_bytes / 2**20:.2f} "
         f"MiB each per sequence: {raised if state.block_size > request.block_size else ''}a request holds "
         f"{state.blocks_per_group} block(s) in each of {state_groups} state group(s) whatever its length",
+    )
+
+
+def _unmodelled_state_note(arch: Architecture) -> tuple[str, ...]:
+    """A note for a model that keeps a state per sequence in layers the plan does not model (or none)."""
+    if not (arch.unmodelled_state or state_class(arch.class_name) == "hybrid"):
+        return ()
+    return (
+        f"{arch.class_name or arch.model_type} keeps a recurrent state per sequence beside its attention "
+        "layers, which the plan does not model for this family: vLLM's pool holds fewer tokens and "
+        "sequences than planned (the sidecar admits by the pool the engine reports)",
     )

@@ -180,6 +180,6 @@ def _stage_notes(request: PlanRequest, stages: tuple[PipelineStage, ...]) -> lis
         f"pipeline parallel {len(stages)}: stage {smallest.index + 1} ({holds}) sets the pool "
         f"(blocks per stage: {blocks}; vLLM takes the smallest)"
     ]
-    if kv_groups(request.architecture.layer_kinds).hybrid:
+    if kv_groups(request.architecture.kv_kinds).hybrid:
         notes.append("pipeline stages of a hybrid KV layout are approximated by their share of each group")
     return notes

@@ -13,12 +13,18 @@ transformers builds from every corpus config.
 
 from __future__ import annotations
 
-from sidecar.budget.architecture import Architecture, LayerKind, MlaSpec
+from sidecar.budget.architecture import Architecture, MlaSpec
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.state_layers import GATED_DELTA_NET
 
 _GATED_MLP_MATRICES = 3  # gate, up and down projections
 SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
 """Families whose layers hold one block each (Nemotron-H: ``M`` Mamba2, ``*`` attention, ``-`` MLP)."""
+
+
+_OUTPUT_BIAS_TYPES = frozenset({"llama", "gpt_oss", "falcon_h1"})
+"""Families whose ``o_proj`` takes ``attention_bias`` too (transformers' ``LlamaAttention``,
+``GptOssAttention``, ``FalconH1Attention``); Qwen2's and GLM-4.5's have biases on q, k and v only."""
 
 
 def _attention_parameters(arch: Architecture) -> int:
@@ -29,7 +35,7 @@ def _attention_parameters(arch: Architecture) -> int:
     kv_size = arch.num_kv_heads * arch.head_dim
     total = hidden * (q_size + 2 * kv_size) + q_size * hidden
     if arch.attention_bias:
-        total += q_size + 2 * kv_size
+        total += q_size + 2 * kv_size + (hidden if arch.model_type in _OUTPUT_BIAS_TYPES else 0)
     if arch.qk_norm:
         total += 2 * arch.head_dim
     if arch.state is not None and arch.state.mixer == GATED_DELTA_NET:  # Qwen3-Next: a gate on the output
@@ -73,6 +79,8 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
     state = arch.state if kind is LayerKind.STATE else None
     mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch)
+    if arch.parallel_state_layers and arch.state is not None:  # Falcon-H1: a Mamba2 mixer beside attention
+        mixer += arch.state.mixer_parameters(arch.hidden_size)
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
         return norm + (mixer if kind in (LayerKind.STATE, LayerKind.FULL) else _mlp_parameters(arch, layer))
     norms = 4 * arch.hidden_size if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm

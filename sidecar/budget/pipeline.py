@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sidecar.budget.architecture import LayerKind
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.profile import (
     cpu_offloaded_bytes,
     embedding_bytes_per_gpu,

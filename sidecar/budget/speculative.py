@@ -35,9 +35,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from sidecar.budget.architecture import LayerKind
 from sidecar.budget.drafters import Drafter, drafter_layer_kinds, eagle_weight_bytes
 from sidecar.budget.dtypes import FLOAT_DTYPES, weight_bytes_per_param
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.parameters import layer_parameter_count, parameter_count
 from sidecar.budget.profile import (
     ACTIVATION_ELEMENT_BYTES,
@@ -191,7 +191,7 @@ def drafter_extra_kv_elements(request: PlanRequest) -> int:
     only when the target's layers all attend in full and there is one pipeline stage; else 0 (not modelled).
     """
     drafter, kinds = _own_drafter(request), _drafter_kinds(request)
-    target = set(request.architecture.layer_kinds) - {LayerKind.NONE}
+    target = set(request.architecture.kv_kinds) - {LayerKind.NONE}
     if drafter is None or set(kinds) != {LayerKind.FULL} or target != {LayerKind.FULL}:
         return 0
     if _same_page(request, drafter) or request.pipeline_parallel_size > 1:

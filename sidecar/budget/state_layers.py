@@ -66,6 +66,7 @@ _GDN_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", 
 _MAMBA2_FIELDS = {  # heads, head size, groups, state size, conv kernel (get_mamba_state_shape_from_config)
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"),
     "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv"),
+    "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv"),
 }
 _FLOAT32_SSM_TYPES = frozenset({"nemotron_h"})  # NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE
 
@@ -83,6 +84,9 @@ class StateSpec:
     groups: int = 0  # Mamba2's B/C groups (their 2 x groups x state channels are in conv_dim)
     ssm_dtype: str | None = None  # the config's own SSM state dtype for ``auto``
     chunk_size: int = 0  # Mamba2's SSD chunk (``get_mamba_chunk_size``): mode ``all`` aligns blocks to it
+    projection_bias: tuple[bool, bool] = (False, False)  # in_proj's and out_proj's biases (Falcon-H1's flags)
+    conv_bias: bool = True
+    gated_norm: bool = True  # the gated RMSNorm before out_proj (Falcon-H1: only with ``mamba_rms_norm``)
 
     def page_bytes(
         self, tensor_parallel_size: int, model_dtype: str, ssm_cache_dtype: str, speculative_tokens: int
@@ -99,16 +103,19 @@ class StateSpec:
         return round(conv * state_dtype_bytes("auto", model_dtype) + temporal * ssm)
 
     def mixer_parameters(self, hidden: int) -> int:
-        """The mixer's weights, as transformers' ``Qwen3NextGatedDeltaNet`` and ``NemotronHMamba2Mixer``."""
+        """The mixer's weights, as transformers builds them (``Qwen3NextGatedDeltaNet``, ``*Mamba2Mixer``)."""
         value = self.heads * self.head_dim
         if self.mixer == GATED_DELTA_NET:
             key = (self.conv_dim - value) // 2
             projections = hidden * (2 * key + 2 * value + 2 * self.heads) + value * hidden  # qkvz, ba, out
             conv = self.conv_dim * self.conv_kernel  # no bias
             return projections + conv + 2 * self.heads + self.head_dim  # dt_bias, A_log, the gated norm
-        in_proj = hidden * (value + self.conv_dim + self.heads)  # z, x B C, dt
-        conv = self.conv_dim * (self.conv_kernel + 1)  # with its bias
-        return in_proj + conv + 3 * self.heads + value + value * hidden  # dt_bias, A_log, D, norm, out_proj
+        projection = value + self.conv_dim + self.heads  # z, x B C, dt
+        in_bias, out_bias = self.projection_bias
+        in_proj = (hidden + in_bias) * projection
+        conv = self.conv_dim * (self.conv_kernel + self.conv_bias)
+        norm = value if self.gated_norm else 0
+        return in_proj + conv + 3 * self.heads + norm + (value + out_bias) * hidden  # dt_bias, A_log, D
 
     def checkpoint_blocks(self, release_minor: int) -> int:
         """Blocks a request holds for the prefill checkpoint in mode ``align`` (Mamba2 from 0.32)."""
@@ -131,11 +138,9 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             ssm_dtype=str(ssm) if ssm else None,
         )
     if model_type in _MAMBA2_FIELDS:
-        heads, head_dim, groups, state, kernel = (_field(cfg, name) for name in _MAMBA2_FIELDS[model_type])
-        if model_type == "nemotron_h":
-            intermediate = heads * head_dim
-        else:
-            intermediate = _field(cfg, "mamba_expand") * _field(cfg, "hidden_size")
+        heads, head_dim, groups, state, kernel = _mamba2_fields(cfg, model_type)
+        intermediate = heads * head_dim if model_type == "nemotron_h" else _mamba_intermediate(cfg)
+        falcon = model_type == "falcon_h1"
         ssm = cfg.get("mamba_ssm_cache_dtype") or ("float32" if model_type in _FLOAT32_SSM_TYPES else None)
         return StateSpec(
             mixer=MAMBA2,
@@ -147,8 +152,29 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             groups=groups,
             ssm_dtype=str(ssm) if ssm else None,
             chunk_size=first_int(cfg, "mamba_chunk_size", "chunk_size") or DEFAULT_MAMBA_CHUNK,
+            projection_bias=(
+                falcon and bool(cfg.get("mamba_proj_bias")),
+                falcon and bool(cfg.get("projectors_bias")),
+            ),
+            conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            gated_norm=not falcon or bool(cfg.get("mamba_rms_norm")),
         )
     return None
+
+
+def _mamba_intermediate(cfg: Mapping[str, Any]) -> int:
+    """The Mamba2 inner width: ``mamba_d_ssm`` when given (``FalconH1Mixer``), else expand x hidden."""
+    return first_int(cfg, "mamba_d_ssm") or _field(cfg, "mamba_expand") * _field(cfg, "hidden_size")
+
+
+def _mamba2_fields(cfg: Mapping[str, Any], model_type: str) -> tuple[int, int, int, int, int]:
+    """Heads, head size, groups, state size, conv kernel; a head size of ``auto`` (Falcon-H1) derived."""
+    names = _MAMBA2_FIELDS[model_type]
+    heads, groups, state, kernel = (_field(cfg, name) for name in (names[0], *names[2:]))
+    head_dim = None if cfg.get(names[1]) == "auto" else first_int(cfg, names[1])
+    if head_dim is None:  # FalconH1Config: mamba_d_head "auto" is the Mamba intermediate over the heads
+        head_dim = _mamba_intermediate(cfg) // heads
+    return heads, head_dim, groups, state, kernel
 
 
 def state_dtype_bytes(dtype: str, model_dtype: str) -> float:

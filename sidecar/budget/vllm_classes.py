@@ -36,3 +36,12 @@ def serves_eagle3(class_name: str | None) -> bool | None:
     if not known:
         return None
     return class_name in table["eagle3_targets"]
+
+
+def state_class(class_name: str | None) -> str | None:
+    """``hybrid`` or ``attention_free`` for a class that keeps a recurrent state per sequence, else ``None``.
+
+    vLLM's ``IsHybrid`` (state layers beside attention) and ``IsAttentionFree`` (state layers only).
+    """
+    kinds: dict[str, list[str]] = vllm_class_table()["state_classes"]
+    return next((kind for kind, names in kinds.items() if class_name in names), None)

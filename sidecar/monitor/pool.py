@@ -39,7 +39,7 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     if request is None:
         return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
     arch = request.architecture
-    groups = kv_groups(arch.layer_kinds)
+    groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
     state = state_terms(request, layer_kv_bytes_per_token(request))
     return resolve_layout(

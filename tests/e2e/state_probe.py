@@ -9,7 +9,9 @@ layers of two heads and one KV head of 64, so an attention page of 128 tokens is
   with a 16-bit SSM state) is larger than an attention page, so vLLM raises the block size;
 * ``nemotronh``: a Nemotron-H of four layers (Mamba2, attention, Mamba2, MLP; four SSM heads of 32, state 16);
 * ``granite``: a Granite-4.0-H (``GraniteMoeHybrid``) of four layers (``layer_types``: Mamba2, attention and two
-  Mamba2, the same SSM shape), each with four experts and a shared MLP.
+  Mamba2, the same SSM shape), each with four experts and a shared MLP;
+* ``falconh1``: a Falcon-H1 of two layers, each with attention and a Mamba2 mixer side by side (four SSM heads
+  of 32, state 16, ``mamba_d_ssm`` 128, the gated norm and projection biases on).
 
 ``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) with the settings
 of :data:`RUNS`, and print per run the block size, the groups (layer names), the blocks, the maximum
@@ -48,17 +50,23 @@ GRANITE: dict[str, Any] = {
     "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 1,
     "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
 }  # fmt: skip
+FALCON_H1: dict[str, Any] = {
+    "num_hidden_layers": 2, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16,
+    "mamba_d_conv": 4, "mamba_expand": 1, "mamba_d_ssm": 128, "mamba_rms_norm": True, "mamba_proj_bias": True,
+    "projectors_bias": True,
+}  # fmt: skip
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3next": ("qwen3next", {"mamba_ssm_cache_dtype": "float32"}),
     "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
     "nemotronh": ("nemotronh", {}),  # the config's own SSM dtype (transformers writes float32)
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
     "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),  # the CPU's choice for Mamba2, said for all
+    "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
 }
 
 
 def make(tokenizer_dir: Path, root: Path) -> None:
-    """The four models (see the module docstring)."""
+    """The models (see the module docstring)."""
     models = {
         "qwen3next": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **QWEN3_NEXT)),
         "qwen3next-wide": tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**BASE, **(QWEN3_NEXT | WIDE))),
@@ -66,6 +74,7 @@ def make(tokenizer_dir: Path, root: Path) -> None:
         "granite": tf.GraniteMoeHybridForCausalLM(
             tf.GraniteMoeHybridConfig(**{k: v for k, v in BASE.items() if k != "head_dim"}, **GRANITE)
         ),
+        "falconh1": tf.FalconH1ForCausalLM(tf.FalconH1Config(**BASE, **FALCON_H1)),
     }
     for name, model in models.items():
         model.to(torch.bfloat16).save_pretrained(root / name)

@@ -5,7 +5,9 @@ vLLM 0.32 loads the tiny Qwen3-Next and Nemotron-H of ``state_probe.py`` (CPU, 1
 its state padded to an attention page, the block raised when a state does not fit one (384 tokens for the
 wide Qwen3-Next), and a request holding two blocks per DeltaNet group and three per Mamba2 group with prefix
 caching (one without). Before, the plan counted no state: the same models were planned with every block
-holding tokens of the one attention layer, four times the concurrency vLLM reports.
+holding tokens of the one attention layer, four times the concurrency vLLM reports. The tiny Falcon-H1 runs a
+Mamba2 mixer beside the attention of each of its two layers: two groups of two layers (attention, state),
+which the plan had as one attention group and no state.
 
 Served (the wide model, 16 blocks of 384 tokens), three requests growing to 830 tokens preempt straight (two
 start in 1 + 6 blocks each and grow to 3 + 6) and not through the sidecar, whose capacity admission reads
@@ -44,6 +46,7 @@ RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
     "nemotronh": ("nemotronh", {}),
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
     "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),
+    "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
 }
 
 
@@ -74,8 +77,11 @@ def test_the_pool_is_planned_as_the_engine_sizes_it(engine: tuple[Path, Any], la
     run, request = runs[label], _plan(root, label)
     ledger = build_ledger(request)
     assert ledger.block_size == run["block_size"]
-    groups = kv_groups(request.architecture.layer_kinds)
-    assert (groups.full + groups.state, groups.layers_per_group) == (len(run["groups"]), 1)
+    groups = kv_groups(request.architecture.kv_kinds)
+    assert (groups.full + groups.state, groups.layers_per_group) == (
+        len(run["groups"]),
+        len(run["groups"][0]),
+    )
     assert ledger.kv_pool_blocks == run["num_blocks"]
     assert ledger.max_concurrency == round(run["max_concurrency"], 2)
     assert run["mamba_cache_mode"] == ("none" if label.endswith("no-prefix-caching") else "align")
@@ -87,7 +93,7 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
 ) -> None:
     root, runs = engine
     run, request = runs[label], _plan(root, label)
-    groups = kv_groups(request.architecture.layer_kinds)
+    groups = kv_groups(request.architecture.kv_kinds)
     state = state_terms(request, layer_kv_bytes_per_token(request))
     assert state is not None
     shape = (groups.full, groups.sliding, groups.chunked, groups.state)
@@ -105,7 +111,7 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
     assert run["num_blocks"] / predicted.blocks(512, block) == pytest.approx(run["max_concurrency"])
 
 
-@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh", "granite"])
+@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh", "granite", "falconh1"])
 def test_the_mixers_are_counted_as_transformers_builds_them(engine: tuple[Path, Any], model: str) -> None:
     """From config.json alone (no weights read): every DeltaNet, Mamba2, attention, MoE and MLP tensor."""
     folder = engine[0] / model

@@ -168,6 +168,7 @@ def test_a_state_family_not_modelled_keeps_its_layers_out_of_the_plan() -> None:
     ] * 12
     arch = architecture_from_config(config)
     assert arch.state is None
+    assert arch.unmodelled_state  # plan's notes say so (tests/unit/test_hybrid_families.py)
     assert LayerKind.STATE not in arch.layer_kinds
     assert arch.layer_kinds.count(LayerKind.NONE) == 36
 

@@ -1,0 +1,190 @@
+"""Hybrid families beyond Qwen3-Next and Nemotron-H: which layers attend, Falcon-H1's parallel mixers, and
+what the plan says of a family whose state it does not model.
+
+Before, a Jamba config was planned as 32 attention layers (eight times its KV per token), a Zamba2 config as
+no attention at all (a pool of 0 tokens, "does-not-fit"), Falcon-H1 without its Mamba2 mixers, Mamba models
+were refused as "not a decoder LLM?", and none of them said a word about the state vLLM keeps per sequence.
+The layer rules cite vLLM 0.32.0's model files (``sidecar/budget/layer_kinds.py``); Falcon-H1's pool and
+parameter count are checked on the real engine by ``tests/e2e/test_state_layers.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sidecar.budget.architecture import LayerKind, architecture_from_config
+from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.parameters import computed_parameter_count
+from sidecar.budget.state_layers import MAMBA2, StateSpec
+from sidecar.errors import ConfigError
+from sidecar.units import GIB
+
+F, S, N = LayerKind.FULL, LayerKind.STATE, LayerKind.NONE
+SMALL: dict[str, Any] = {
+    "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256,
+    "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}  # fmt: skip
+FALCON_H1: dict[str, Any] = SMALL | {
+    "model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "head_dim": 64, "num_hidden_layers": 2,
+    "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4,
+    "mamba_expand": 1, "mamba_d_ssm": 128,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "kinds"),
+    [
+        pytest.param(  # JambaConfig.layers_block_type: attention where i % period == offset
+            {"model_type": "jamba", "num_hidden_layers": 8, "attn_layer_period": 4, "attn_layer_offset": 1},
+            (S, F, S, S, S, F, S, S),
+            id="jamba",
+        ),
+        pytest.param(  # KimiLinearConfig.is_kda_layer: 1-based kda_layers
+            {
+                "model_type": "kimi_linear",
+                "num_hidden_layers": 4,
+                "linear_attn_config": {"kda_layers": [1, 2, 3]},
+            },
+            (S, S, S, F),
+            id="kimi-linear",
+        ),
+        pytest.param(  # lfm2.py: is_attn = layer_types[i] == "full_attention"; the rest short convolutions
+            {"model_type": "lfm2", "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
+            (S, F, S),
+            id="lfm2",
+        ),
+        pytest.param(  # zamba2.py: a hybrid layer runs the shared attention block before its Mamba2 layer
+            {
+                "model_type": "zamba2",
+                "num_hidden_layers": 3,
+                "layers_block_type": ["mamba", "hybrid", "mamba"],
+            },
+            (S, F, S),
+            id="zamba2",
+        ),
+        pytest.param(
+            {"model_type": "falcon_h1", "num_hidden_layers": 2}, (F, F), id="falcon-h1-attends-everywhere"
+        ),
+    ],
+)
+def test_each_family_s_layers_attend_where_vllm_builds_attention(
+    config: dict[str, Any], kinds: tuple[LayerKind, ...]
+) -> None:
+    from sidecar.budget.layer_kinds import layer_kinds  # noqa: PLC0415 - the rule itself, before state modelling
+
+    merged = FALCON_H1 | config if config["model_type"] == "falcon_h1" else SMALL | config
+    assert layer_kinds(merged, config["model_type"], config["num_hidden_layers"]) == kinds
+
+
+def test_jamba_s_defaults_come_from_its_config_class() -> None:
+    """A Jamba config that leaves out attn_layer_period and attn_layer_offset gets JambaConfig's 8 and 4."""
+    arch = architecture_from_config(SMALL | {"model_type": "jamba", "num_hidden_layers": 16})
+    assert arch.layer_kinds == (N, N, N, N, F, N, N, N) * 2  # its Mamba layers are not modelled: no KV
+    assert arch.unmodelled_state
+
+
+def test_falcon_h1_runs_a_mamba2_mixer_beside_attention_in_every_layer() -> None:
+    arch = architecture_from_config(FALCON_H1)
+    assert arch.layer_kinds == (F, F)
+    assert arch.kv_kinds == (F, F, S, S)  # vLLM: two attention layers in one group, two mixers in another
+    assert kv_groups(arch.kv_kinds) == kv_groups((F, F, S, S))
+    assert arch.state == StateSpec(
+        MAMBA2, conv_dim=160, conv_kernel=4, heads=4, head_dim=32, state_dim=16, groups=1, chunk_size=256,
+        gated_norm=False,
+    )  # fmt: skip  # mamba_d_ssm 128 + 2 x 1 x 16; no gated norm without mamba_rms_norm (the config default)
+    assert not arch.unmodelled_state
+
+
+def test_falcon_h1_s_pool_counts_both_groups() -> None:
+    """The engine's figures for the e2e tier's Falcon-H1 (1 GiB of KV, 128-token blocks, float32 SSM state)."""
+    request = PlanRequest(
+        architecture_from_config(FALCON_H1), 24 * GIB, max_model_len=512, block_size=128,
+        kv_cache_memory_bytes=GIB, async_scheduling=False, mamba_ssm_cache_dtype="float32",
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, 16_384, 2_340.57)
+
+
+@pytest.mark.parametrize(
+    ("extra", "parameters"),
+    [
+        pytest.param({}, 535_768, id="defaults"),
+        pytest.param(
+            {
+                "mamba_rms_norm": True,
+                "mamba_proj_bias": True,
+                "projectors_bias": True,
+                "mamba_conv_bias": False,
+            },
+            536_544,
+            id="norm-and-biases",
+        ),
+        pytest.param({"attention_bias": True}, 536_536, id="attention-bias-on-o-proj-too"),
+        pytest.param(
+            {"mamba_d_ssm": None, "mamba_d_head": "auto", "mamba_expand": 2}, 635_352, id="auto-head"
+        ),
+    ],
+)
+def test_falcon_h1_parameters_are_transformers(extra: dict[str, Any], parameters: int) -> None:
+    """``FalconH1ForCausalLM`` of transformers 5.19 built from each config counts ``parameters``."""
+    assert computed_parameter_count(architecture_from_config(FALCON_H1 | extra)) == parameters
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(
+            {"model_type": "jamba", "architectures": ["JambaForCausalLM"], "num_hidden_layers": 8}, id="jamba"
+        ),
+        pytest.param(
+            {
+                "model_type": "lfm2",
+                "architectures": ["Lfm2ForCausalLM"],
+                "num_hidden_layers": 2,
+                "layer_types": ["conv", "full_attention"],
+            },
+            id="lfm2",
+        ),
+        pytest.param(  # a hybrid class by vLLM's registry, whose config declares no layer kinds
+            {
+                "model_type": "bailing_moe_linear",
+                "architectures": ["BailingMoeV2_5ForCausalLM"],
+                "num_hidden_layers": 2,
+            },
+            id="registry-only",
+        ),
+    ],
+)
+def test_a_family_whose_state_is_not_modelled_says_so(config: dict[str, Any]) -> None:
+    arch = architecture_from_config(SMALL | config)
+    assert arch.state is None
+    assert LayerKind.STATE not in arch.kv_kinds
+    ledger = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=1024))
+    assert any("recurrent state per sequence" in note and "not model" in note for note in ledger.notes)
+
+
+def test_a_dense_model_gets_no_state_note() -> None:
+    arch = architecture_from_config(
+        SMALL | {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}
+    )
+    assert not any(
+        "recurrent state" in note
+        for note in build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=1024)).notes
+    )
+
+
+@pytest.mark.parametrize("name", ["MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM"])
+def test_an_attention_free_model_is_one_line_that_names_it(name: str) -> None:
+    config = {
+        "model_type": "mamba",
+        "architectures": [name],
+        "hidden_size": 768,
+        "num_hidden_layers": 24,
+        "vocab_size": 50280,
+    }
+    with pytest.raises(ConfigError, match=f"vLLM serves {name} without attention layers") as caught:
+        architecture_from_config(config)
+    assert "\n" not in str(caught.value)
