@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 A hybrid model such as Qwen3-Next, Qwen3.5, Nemotron-H or Granite-4.0-H keeps KV only in its attention
-layers; its other layers carry a fixed-size *state* per sequence (a short convolution window and an SSM or
+layers (Falcon-H1 runs a Mamba2 mixer beside the attention of every layer); its state layers carry a
+fixed-size *state* per sequence (a short convolution window and an SSM or
 DeltaNet matrix), whatever the sequence's length. vLLM draws both from one pool (vLLM 0.32.0 as installed;
 the rules below read in the release wheels named):
 
@@ -14,7 +15,8 @@ the rules below read in the release wheels named):
   (``gated_delta_net_state_shape``): ``conv_dim = 2 x key_heads x key_dim + value_heads x value_dim``,
   temporal ``value_heads / tp x value_dim x key_dim``. Mamba2 (``mamba2_state_shape``):
   ``conv_dim = intermediate + 2 x groups x state`` (groups padded to a multiple of ``tp`` by
-  ``extra_groups_for_head_shards``), temporal ``heads / tp x head_dim x state``.
+  ``extra_groups_for_head_shards``; Falcon-H1's intermediate is ``mamba_d_ssm`` when set), temporal
+  ``heads / tp x head_dim x state``.
 * **SSM dtype** ``auto`` is the model's dtype, except where the model's config hook says otherwise
   (``vllm/model_executor/models/config.py``): Nemotron-H takes its config's ``mamba_ssm_cache_dtype``, else
   ``float32``; Qwen3.5 its config's ``mamba_ssm_dtype``. (The CPU platform turns it to ``float32``
@@ -36,10 +38,12 @@ the rules below read in the release wheels named):
   Read in the 0.15.0, 0.20.0-0.22.0, 0.24.0-0.29.0, 0.31.0 and 0.32.0 wheels.
 
 Checked on the real CPU engine (``tests/e2e/test_state_layers.py``): a tiny Qwen3-Next (three DeltaNet
-layers and one attention layer) and a tiny Nemotron-H (two Mamba2 layers, one attention layer) hold the
-block size, groups, blocks and maximum concurrency the plan gives, with both SSM dtypes.
+layers and one attention layer), a tiny Nemotron-H (two Mamba2 layers, one attention layer), a Granite-4.0-H
+and a two-layer Falcon-H1 (attention and Mamba2 side by side) hold the block size, groups, blocks and
+maximum concurrency the plan gives, with both SSM dtypes.
 
-Not modelled: Mamba1 (Jamba, Mamba), Falcon-H1's parallel mixers, Zamba2, MiniMax and Kimi linear attention,
+Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Mamba1 (Jamba), LFM2's
+short convolutions, Zamba2, Kimi Linear's KDA, OLMo-Hybrid's DeltaNet, MiniMax linear attention,
 ReplaySSM's rings (``--mamba-backend``), ``--mamba-cache-dtype`` other than ``auto``, ``--mamba-block-size``,
 pipeline stages with state layers, MLA attention beside state layers (its kernels' 128-token alignment) and
 the larger kernel blocks of Blackwell's FlashAttention 4 for 256-wide heads (``_get_fa4_hd256_block_size``).
