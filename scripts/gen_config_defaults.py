@@ -32,7 +32,9 @@ FIELDS = (
     "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_chunk_size", "mamba_num_heads",
     "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "mamba_ssm_cache_dtype",
     "mamba_ssm_dtype", "mamba_d_ssm", "mamba_conv_bias", "mamba_proj_bias", "mamba_rms_norm",
-    "projectors_bias", "attn_layer_period", "attn_layer_offset",
+    "projectors_bias", "attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset",
+    "conv_L_cache", "conv_bias", "block_auto_adjust_ff_dim", "block_ffn_dim_multiplier", "block_multiple_of",
+    "num_dense_layers",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

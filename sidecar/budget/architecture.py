@@ -247,6 +247,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
     intermediate = first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    if model_type == "lfm2" and cfg.get("block_auto_adjust_ff_dim"):
+        intermediate = _lfm2_mlp_width(cfg, intermediate)
     if kv_heads <= 0 or head_dim <= 0:
         raise ConfigError("config.json gives a non-positive KV head count or head size")
     dtype = normalise_dtype(
@@ -288,7 +290,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         norm_bias=falcon,
         norms_per_layer=(2 if new_falcon or not cfg.get("parallel_attn", True) else 1) if falcon else 2,
         attention_bias=bool(cfg.get("attention_bias", model_type in {"qwen2", "qwen2_moe"})),
-        qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"},
+        qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "lfm2", "lfm2_moe"},
         mla=mla,
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
@@ -298,6 +300,20 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
             [head_dim, rotary, max_positions, cfg.get("rope_theta"), _rope_parameters(cfg)], sort_keys=True
         ),
     )
+
+
+def _lfm2_mlp_width(cfg: Mapping[str, Any], intermediate: int) -> int:
+    """LFM2's MLP width: ``Lfm2MLP`` in transformers 5.19 and vLLM 0.32 alike.
+
+    Two thirds of ``intermediate_size``, scaled by ``block_ffn_dim_multiplier`` and rounded up to
+    ``block_multiple_of``.
+    """
+    width = int(2 * intermediate / 3)
+    multiplier = cfg.get("block_ffn_dim_multiplier")
+    if isinstance(multiplier, int | float) and not isinstance(multiplier, bool):
+        step = first_int(cfg, "block_multiple_of") or 1
+        width = step * -(-int(multiplier * width) // step)
+    return width
 
 
 def _class_name(top: Mapping[str, Any]) -> str | None:

@@ -70,10 +70,13 @@ def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
     if arch.state is None or LayerKind.STATE not in arch.kv_kinds:
         return None
     speculative = request.speculative.num_speculative_tokens if request.speculative else 0
-    page = arch.state.page_bytes(
-        request.tensor_parallel_size, arch.dtype, request.mamba_ssm_cache_dtype, speculative
-    )
     rules = StateRules(request.release.minor)
+    page = arch.state.page_bytes(
+        request.tensor_parallel_size,
+        arch.dtype,
+        request.mamba_ssm_cache_dtype,
+        rules.conv_draft_slots(arch.state, speculative),
+    )
     caching = request.enable_prefix_caching
     mode = rules.mode(
         arch.state, prefix_caching=rules.prefix_caching_default() if caching is None else caching

@@ -95,6 +95,10 @@ def moe_from_config(
         moe_layers = tuple(i for i, block in enumerate(blocks) if block in ("E", "moe"))
         if not moe_layers:
             return None
+    if model_type == "jamba":  # JambaConfig.layers_num_experts: experts where i % period == offset
+        period, offset = first_int(cfg, "expert_layer_period"), first_int(cfg, "expert_layer_offset")
+        if period and offset is not None:
+            moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
     shared = first_int(cfg, "n_shared_experts") or 0
     shared_size = shared * expert_size
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
@@ -106,7 +110,7 @@ def moe_from_config(
         expert_intermediate_size=expert_size,
         shared_experts=shared,
         shared_intermediate_size=shared_size,
-        dense_layers=first_int(cfg, "first_k_dense_replace") or 0,
+        dense_layers=first_int(cfg, "first_k_dense_replace", "num_dense_layers") or 0,  # LFM2-MoE: the latter
         moe_layers=moe_layers,
         shared_gate=model_type in _SHARED_GATE_TYPES,
     )

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from sidecar.budget.architecture import Architecture, MlaSpec
 from sidecar.budget.layer_kinds import LayerKind
-from sidecar.budget.state_layers import GATED_DELTA_NET
+from sidecar.budget.state_layers import QWEN_GATED_ATTENTION_TYPES
 
 _GATED_MLP_MATRICES = 3  # gate, up and down projections
 SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
 """Families whose layers hold one block each (Nemotron-H: ``M`` Mamba2, ``*`` attention, ``-`` MLP)."""
 
 
+_FULL_WIDTH_QK_NORM_TYPES = frozenset({"olmo2", "olmo3", "olmo_hybrid"})
 _OUTPUT_BIAS_TYPES = frozenset({"llama", "gpt_oss", "falcon_h1"})
 """Families whose ``o_proj`` takes ``attention_bias`` too (transformers' ``LlamaAttention``,
 ``GptOssAttention``, ``FalconH1Attention``); Qwen2's and GLM-4.5's have biases on q, k and v only."""
@@ -38,7 +39,9 @@ def _attention_parameters(arch: Architecture) -> int:
         total += q_size + 2 * kv_size + (hidden if arch.model_type in _OUTPUT_BIAS_TYPES else 0)
     if arch.qk_norm:
         total += 2 * arch.head_dim
-    if arch.state is not None and arch.state.mixer == GATED_DELTA_NET:  # Qwen3-Next: a gate on the output
+    if arch.model_type in _FULL_WIDTH_QK_NORM_TYPES:  # OLMo 2's q_norm and k_norm span the projections
+        total += q_size + kv_size
+    if arch.model_type in QWEN_GATED_ATTENTION_TYPES:  # Qwen3-Next, Qwen3.5: a gate on the output
         total += hidden * q_size + 2 * arch.head_dim  # q_proj twice as wide, q and k norms
     return total
 

@@ -1,12 +1,12 @@
-"""Recurrent-state layers (gated DeltaNet, Mamba2): the pool pages vLLM gives them beside attention. Pure.
+"""Recurrent-state layers (gated DeltaNet, Mamba2, Mamba1, short conv): their pages in vLLM's pool. Pure.
 
 Theory of operation
 -------------------
-A hybrid model such as Qwen3-Next, Qwen3.5, Nemotron-H or Granite-4.0-H keeps KV only in its attention
-layers (Falcon-H1 runs a Mamba2 mixer beside the attention of every layer); its state layers carry a
-fixed-size *state* per sequence (a short convolution window and an SSM or
-DeltaNet matrix), whatever the sequence's length. vLLM draws both from one pool (vLLM 0.32.0 as installed;
-the rules below read in the release wheels named):
+A hybrid model such as Qwen3-Next, Qwen3.5, OLMo-Hybrid, Nemotron-H, Granite-4.0-H, Jamba or LFM2 keeps KV
+only in its attention layers (Falcon-H1 runs a Mamba2 mixer beside the attention of every layer); its state
+layers carry a fixed-size *state* per sequence (a short convolution window, and an SSM or DeltaNet matrix
+but in LFM2's short convolutions), whatever the sequence's length. vLLM draws both from one pool (vLLM
+0.32.0 as installed; the rules below read in the release wheels named):
 
 * **State page** (``MambaSpec.page_size_bytes``, ``vllm/v1/kv_cache_interface.py``): per layer and GPU, the
   conv state ``(conv_kernel - 1 + k) x conv_dim / tp`` in the model's dtype plus the temporal state in
@@ -16,7 +16,10 @@ the rules below read in the release wheels named):
   temporal ``value_heads / tp x value_dim x key_dim``. Mamba2 (``mamba2_state_shape``):
   ``conv_dim = intermediate + 2 x groups x state`` (groups padded to a multiple of ``tp`` by
   ``extra_groups_for_head_shards``; Falcon-H1's intermediate is ``mamba_d_ssm`` when set), temporal
-  ``heads / tp x head_dim x state``.
+  ``heads / tp x head_dim x state``. Mamba1 (Jamba, ``mamba1_state_shape``): conv ``(conv_kernel - 1) x inner
+  / tp`` with no draft slots, temporal ``inner / tp x state``, ``inner = mamba_expand x hidden``. Short conv
+  (LFM2, ``short_conv_state_shape``): the conv window alone over ``conv_dim`` (LFM2-MoE: ``hidden_size``),
+  with draft slots from 0.29.0 (:meth:`StateRules.conv_draft_slots`).
 * **SSM dtype** ``auto`` is the model's dtype, except where the model's config hook says otherwise
   (``vllm/model_executor/models/config.py``): Nemotron-H takes its config's ``mamba_ssm_cache_dtype``, else
   ``float32``; Qwen3.5 its config's ``mamba_ssm_dtype``. (The CPU platform turns it to ``float32``
@@ -34,16 +37,20 @@ the rules below read in the release wheels named):
   supported`` in ``vllm/config/model.py``: refused for hybrids in 0.15.0 to 0.25.0, accepted from 0.26.0);
   0.26.0 and 0.27.0 chose mode ``all`` (a state page per block of the sequence, and blocks a multiple of
   the Mamba2 chunk) for the classes that support it (``SupportsMambaPrefixCaching``: Nemotron-H,
-  Granite-4.0-H), ``align`` from 0.28.0 (``MambaModelConfig`` in ``vllm/model_executor/models/config.py``).
-  Read in the 0.15.0, 0.20.0-0.22.0, 0.24.0-0.29.0, 0.31.0 and 0.32.0 wheels.
+  Granite-4.0-H, Falcon-H1; Jamba too, but with no Mamba chunk in its config vLLM's alignment asserts, so
+  that case is not modelled), ``align`` from 0.28.0 (``MambaModelConfig`` in
+  ``vllm/model_executor/models/config.py``). Read in the 0.15.0, 0.20.0-0.22.0, 0.24.0-0.29.0, 0.31.0 and
+  0.32.0 wheels.
 
 Checked on the real CPU engine (``tests/e2e/test_state_layers.py``): a tiny Qwen3-Next (three DeltaNet
-layers and one attention layer), a tiny Nemotron-H (two Mamba2 layers, one attention layer), a Granite-4.0-H
-and a two-layer Falcon-H1 (attention and Mamba2 side by side) hold the block size, groups, blocks and
-maximum concurrency the plan gives, with both SSM dtypes.
+layers and one attention layer), a tiny Nemotron-H (two Mamba2 layers, one attention layer), a Granite-4.0-H,
+a two-layer Falcon-H1 (attention and Mamba2 side by side), an LFM2 (three short convs, one attention layer)
+and an OLMo-Hybrid (three DeltaNet layers, one attention layer) hold the block size, groups, blocks and
+maximum concurrency the plan gives, with both SSM dtypes. Jamba's Mamba1 layers fail in the CPU engine's
+forward pass, so its rules are read in the source only.
 
-Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Mamba1 (Jamba), LFM2's
-short convolutions, Zamba2, Kimi Linear's KDA, OLMo-Hybrid's DeltaNet, MiniMax linear attention,
+Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Zamba2, Kimi Linear's
+KDA, MiniMax and Ling linear attention,
 ReplaySSM's rings (``--mamba-backend``), ``--mamba-cache-dtype`` other than ``auto``, ``--mamba-block-size``,
 pipeline stages with state layers, MLA attention beside state layers (its kernels' 128-token alignment) and
 the larger kernel blocks of Blackwell's FlashAttention 4 for 256-wide heads (``_get_fa4_hd256_block_size``).
@@ -66,7 +73,16 @@ DEFAULT_MAMBA_CHUNK: Final = 2048
 """``ModelConfig.get_mamba_chunk_size`` when a config names no chunk."""
 GATED_DELTA_NET: Final = "gated_delta_net"
 MAMBA2: Final = "mamba2"
-_GDN_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+MAMBA1: Final = "mamba1"
+SHORT_CONV: Final = "short_conv"
+_MAMBA1_TYPES = frozenset({"jamba"})
+_SHORT_CONV_TYPES = frozenset({"lfm2", "lfm2_moe"})
+SHORT_CONV_DRAFT_SLOTS_SINCE: Final = 29  # short_conv_state_shape's num_spec (0.28.0: none)
+_DT_RANK_DIVISOR = 16  # JambaConfig: mamba_dt_rank "auto" is ceil(hidden_size / 16)
+QWEN_GATED_ATTENTION_TYPES: Final = frozenset(
+    {"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+)  # gated DeltaNet beside attention whose q_proj also yields an output gate
+_GDN_TYPES = QWEN_GATED_ATTENTION_TYPES | {"olmo_hybrid"}
 _MAMBA2_FIELDS = {  # heads, head size, groups, state size, conv kernel (get_mamba_state_shape_from_config)
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"),
     "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv"),
@@ -79,7 +95,7 @@ _FLOAT32_SSM_TYPES = frozenset({"nemotron_h"})  # NemotronHForCausalLMConfig.DEF
 class StateSpec:
     """One state layer's shape, before tensor parallelism."""
 
-    mixer: str  # GATED_DELTA_NET or MAMBA2
+    mixer: str  # GATED_DELTA_NET, MAMBA2, MAMBA1 or SHORT_CONV
     conv_dim: int  # channels of the convolution window (Mamba2: groups not yet padded for TP)
     conv_kernel: int
     heads: int  # value heads (DeltaNet) or SSM heads (Mamba2), split over TP
@@ -91,6 +107,7 @@ class StateSpec:
     projection_bias: tuple[bool, bool] = (False, False)  # in_proj's and out_proj's biases (Falcon-H1's flags)
     conv_bias: bool = True
     gated_norm: bool = True  # the gated RMSNorm before out_proj (Falcon-H1: only with ``mamba_rms_norm``)
+    dt_rank: int = 0  # Mamba1's time-step rank (x_proj, dt_proj)
 
     def page_bytes(
         self, tensor_parallel_size: int, model_dtype: str, ssm_cache_dtype: str, speculative_tokens: int
@@ -109,6 +126,10 @@ class StateSpec:
     def mixer_parameters(self, hidden: int) -> int:
         """The mixer's weights, as transformers builds them (``Qwen3NextGatedDeltaNet``, ``*Mamba2Mixer``)."""
         value = self.heads * self.head_dim
+        if self.mixer == SHORT_CONV:  # Lfm2ShortConv: in_proj to B, C, x; a depthwise conv; out_proj
+            return (hidden + self.conv_bias) * 4 * hidden + hidden * (self.conv_kernel + self.conv_bias)
+        if self.mixer == MAMBA1:
+            return self._mamba1_parameters(hidden)
         if self.mixer == GATED_DELTA_NET:
             key = (self.conv_dim - value) // 2
             projections = hidden * (2 * key + 2 * value + 2 * self.heads) + value * hidden  # qkvz, ba, out
@@ -120,6 +141,15 @@ class StateSpec:
         conv = self.conv_dim * (self.conv_kernel + self.conv_bias)
         norm = value if self.gated_norm else 0
         return in_proj + conv + 3 * self.heads + norm + (value + out_bias) * hidden  # dt_bias, A_log, D
+
+    def _mamba1_parameters(self, hidden: int) -> int:
+        """``JambaMambaMixer``: in_proj, conv, x_proj (dt, B, C), dt_proj, A_log, D, out_proj, three norms."""
+        inner, rank, state = self.conv_dim, self.dt_rank, self.state_dim
+        in_bias, out_bias = self.projection_bias
+        in_proj = (hidden + in_bias) * 2 * inner
+        conv = inner * (self.conv_kernel + self.conv_bias)
+        selective = inner * (rank + 2 * state) + (rank + 1) * inner + inner * state + inner  # x, dt, A_log, D
+        return in_proj + conv + selective + (inner + out_bias) * hidden + rank + 2 * state
 
     def checkpoint_blocks(self, release_minor: int) -> int:
         """Blocks a request holds for the prefill checkpoint in mode ``align`` (Mamba2 from 0.32)."""
@@ -141,6 +171,19 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             state_dim=key_dim,
             ssm_dtype=str(ssm) if ssm else None,
         )
+    if model_type in _SHORT_CONV_TYPES:  # lfm2.py: conv_dim; lfm2_moe.py: hidden_size
+        width = first_int(cfg, "conv_dim") if model_type == "lfm2" else None
+        return StateSpec(
+            mixer=SHORT_CONV,
+            conv_dim=width or _field(cfg, "hidden_size"),
+            conv_kernel=_field(cfg, "conv_L_cache"),
+            heads=0,
+            head_dim=0,
+            state_dim=0,
+            conv_bias=bool(cfg.get("conv_bias")),
+        )
+    if model_type in _MAMBA1_TYPES:
+        return _mamba1_spec(cfg)
     if model_type in _MAMBA2_FIELDS:
         heads, head_dim, groups, state, kernel = _mamba2_fields(cfg, model_type)
         intermediate = heads * head_dim if model_type == "nemotron_h" else _mamba_intermediate(cfg)
@@ -164,6 +207,24 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             gated_norm=not falcon or bool(cfg.get("mamba_rms_norm")),
         )
     return None
+
+
+def _mamba1_spec(cfg: Mapping[str, Any]) -> StateSpec:
+    """Jamba's Mamba1 mixers (``jamba.py``: ``mamba1_state_shape`` of ``mamba_expand x hidden_size``)."""
+    hidden = _field(cfg, "hidden_size")
+    inner = _field(cfg, "mamba_expand") * hidden
+    rank = None if cfg.get("mamba_dt_rank") == "auto" else first_int(cfg, "mamba_dt_rank")
+    return StateSpec(
+        mixer=MAMBA1,
+        conv_dim=inner,
+        conv_kernel=_field(cfg, "mamba_d_conv"),
+        heads=inner,  # the temporal state is inner x state: one "head" of size 1 per channel
+        head_dim=1,
+        state_dim=_field(cfg, "mamba_d_state"),
+        projection_bias=(bool(cfg.get("mamba_proj_bias")), bool(cfg.get("mamba_proj_bias"))),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        dt_rank=rank or math.ceil(hidden / _DT_RANK_DIVISOR),
+    )
 
 
 def _mamba_intermediate(cfg: Mapping[str, Any]) -> int:
@@ -224,6 +285,12 @@ class StateRules:
     def prefix_caching_default(self) -> bool:
         """Whether a hybrid model gets prefix caching unless told otherwise: from 0.26.0 (0.25.0: not)."""
         return self.minor >= 26
+
+    def conv_draft_slots(self, spec: StateSpec, speculative_tokens: int) -> int:
+        """Draft-token slots in the conv window: none for Mamba1, none for short convs before 0.29."""
+        if spec.mixer == MAMBA1 or (spec.mixer == SHORT_CONV and self.minor < SHORT_CONV_DRAFT_SLOTS_SINCE):
+            return 0
+        return speculative_tokens
 
     def mode(self, spec: StateSpec, *, prefix_caching: bool) -> str:
         """The mamba cache mode vLLM picks: ``none`` without prefix caching, else ``all`` or ``align``."""

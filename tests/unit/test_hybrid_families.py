@@ -18,7 +18,7 @@ from sidecar.budget.architecture import LayerKind, architecture_from_config
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
-from sidecar.budget.state_layers import MAMBA2, StateSpec
+from sidecar.budget.state_layers import MAMBA1, MAMBA2, SHORT_CONV, StateRules, StateSpec
 from sidecar.errors import ConfigError
 from sidecar.units import GIB
 
@@ -82,8 +82,18 @@ def test_each_family_s_layers_attend_where_vllm_builds_attention(
 def test_jamba_s_defaults_come_from_its_config_class() -> None:
     """A Jamba config that leaves out attn_layer_period and attn_layer_offset gets JambaConfig's 8 and 4."""
     arch = architecture_from_config(SMALL | {"model_type": "jamba", "num_hidden_layers": 16})
-    assert arch.layer_kinds == (N, N, N, N, F, N, N, N) * 2  # its Mamba layers are not modelled: no KV
-    assert arch.unmodelled_state
+    assert arch.layer_kinds == (S, S, S, S, F, S, S, S) * 2
+    assert arch.moe is not None
+    assert [i for i in range(16) if arch.moe.is_moe_layer(i)] == [
+        1,
+        3,
+        5,
+        7,
+        9,
+        11,
+        13,
+        15,
+    ]  # period 2, offset 1
 
 
 def test_falcon_h1_runs_a_mamba2_mixer_beside_attention_in_every_layer() -> None:
@@ -137,27 +147,21 @@ def test_falcon_h1_parameters_are_transformers(extra: dict[str, Any], parameters
     "config",
     [
         pytest.param(
-            {"model_type": "jamba", "architectures": ["JambaForCausalLM"], "num_hidden_layers": 8}, id="jamba"
+            {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"], "num_hidden_layers": 2,
+             "layers_block_type": ["mamba", "hybrid"]},
+            id="zamba2",
         ),
         pytest.param(
-            {
-                "model_type": "lfm2",
-                "architectures": ["Lfm2ForCausalLM"],
-                "num_hidden_layers": 2,
-                "layer_types": ["conv", "full_attention"],
-            },
-            id="lfm2",
+            {"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "num_hidden_layers": 2,
+             "linear_attn_config": {"kda_layers": [1]}},
+            id="kimi-linear",
         ),
         pytest.param(  # a hybrid class by vLLM's registry, whose config declares no layer kinds
-            {
-                "model_type": "bailing_moe_linear",
-                "architectures": ["BailingMoeV2_5ForCausalLM"],
-                "num_hidden_layers": 2,
-            },
+            {"model_type": "bailing_moe_linear", "architectures": ["BailingMoeV2_5ForCausalLM"], "num_hidden_layers": 2},
             id="registry-only",
         ),
     ],
-)
+)  # fmt: skip
 def test_a_family_whose_state_is_not_modelled_says_so(config: dict[str, Any]) -> None:
     arch = architecture_from_config(SMALL | config)
     assert arch.state is None
@@ -188,3 +192,89 @@ def test_an_attention_free_model_is_one_line_that_names_it(name: str) -> None:
     with pytest.raises(ConfigError, match=f"vLLM serves {name} without attention layers") as caught:
         architecture_from_config(config)
     assert "\n" not in str(caught.value)
+
+
+# Tiny configs and the parameters transformers 5.19 builds from each (LFM2: Lfm2ForCausalLM; Jamba:
+# JambaForCausalLM with use_mamba_kernels off); the e2e tier loads the first LFM2 in vLLM.
+LFM2: dict[str, Any] = SMALL | {
+    "model_type": "lfm2", "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"],
+    "conv_L_cache": 3,
+}  # fmt: skip
+OLMO_HYBRID: dict[str, Any] = SMALL | {
+    "model_type": "olmo_hybrid", "num_hidden_layers": 4, "num_key_value_heads": 2, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2, "linear_key_head_dim": 32, "linear_value_head_dim": 64,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+}  # fmt: skip
+JAMBA: dict[str, Any] = SMALL | {
+    "model_type": "jamba", "num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 1,
+    "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4, "num_experts_per_tok": 2,
+    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "parameters"),
+    [
+        pytest.param(LFM2, 772_480, id="lfm2"),  # MLP 2/3 of 256 = 170, rounded up to 256
+        pytest.param(
+            LFM2 | {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"], "conv_L_cache": 4,
+                    "conv_bias": True, "intermediate_size": 1000, "block_ffn_dim_multiplier": 1.5,
+                    "block_multiple_of": 64},
+            1_494_272,
+            id="lfm2-biases-and-multiplier",
+        ),
+        pytest.param(
+            LFM2 | {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "block_auto_adjust_ff_dim": False},
+            443_520,
+            id="lfm2-unadjusted-mlp",
+        ),
+        pytest.param(JAMBA, 1_515_000, id="jamba"),  # dt_rank auto: ceil(128 / 16) = 8
+        pytest.param(OLMO_HYBRID, 792_652, id="olmo-hybrid"),  # q/k/v/g/a/b/o DeltaNet; full-width q, k norms
+        pytest.param(
+            SMALL | {"model_type": "olmo2", "num_hidden_layers": 2, "pad_token_id": 0}, 427_008, id="olmo2"
+        ),
+        pytest.param(
+            JAMBA | {"num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 0, "num_experts": 1,
+                     "mamba_d_state": 8, "mamba_d_conv": 3, "mamba_dt_rank": 12, "mamba_proj_bias": True,
+                     "mamba_conv_bias": False},
+            490_012,
+            id="jamba-dense-with-biases",
+        ),
+    ],
+)  # fmt: skip
+def test_state_mixers_count_as_transformers_builds_them(config: dict[str, Any], parameters: int) -> None:
+    assert computed_parameter_count(architecture_from_config(config)) == parameters
+
+
+def test_lfm2_keeps_one_conv_window_per_conv_layer() -> None:
+    """``short_conv_state_shape``: (conv_L_cache - 1 + k) x conv_dim / tp in the model's dtype, no SSM state."""
+    arch = architecture_from_config(LFM2)
+    assert arch.state == StateSpec(
+        SHORT_CONV, conv_dim=128, conv_kernel=3, heads=0, head_dim=0, state_dim=0, conv_bias=False
+    )
+    assert arch.state.page_bytes(1, "bfloat16", "auto", 0) == 2 * 128 * 2
+    assert arch.state.page_bytes(2, "bfloat16", "float32", 2) == 4 * 64 * 2  # the SSM dtype plays no part
+    ledger = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=512, block_size=128, kv_cache_memory_bytes=GIB,
+                                      async_scheduling=False))  # fmt: skip
+    assert ledger.block_size == 128  # a 512-byte state fits a 128-token attention page (32 KiB)
+    assert ledger.max_concurrency == round(
+        ledger.kv_pool_blocks / (4 + 3 * 2), 2
+    )  # 4 attention + 2 per conv group
+
+
+@pytest.mark.parametrize(("minor", "slots"), [(28, 0), (29, 3), (32, 3)])
+def test_lfm2_s_conv_window_holds_draft_tokens_from_0_29(minor: int, slots: int) -> None:
+    """``short_conv_state_shape`` took ``num_spec`` from 0.29.0 (read in the 0.28.0 and 0.29.0 wheels)."""
+    arch = architecture_from_config(LFM2)
+    assert arch.state is not None
+    assert StateRules(minor).conv_draft_slots(arch.state, 3) == slots
+
+
+def test_jamba_s_mamba1_state_takes_no_draft_tokens() -> None:
+    """``mamba1_state_shape``: conv (d_conv - 1) x inner / tp, temporal inner / tp x d_state; no speculative slots."""
+    arch = architecture_from_config(JAMBA)
+    assert arch.state is not None
+    assert (arch.state.mixer, arch.state.conv_dim, arch.state.dt_rank) == (MAMBA1, 256, 8)
+    assert arch.state.page_bytes(1, "bfloat16", "auto", 0) == 3 * 256 * 2 + 256 * 16 * 2
+    assert StateRules(32).conv_draft_slots(arch.state, 3) == 0
+    assert arch.state.page_bytes(2, "bfloat16", "float32", 0) == 3 * 128 * 2 + 128 * 16 * 4
