@@ -44,10 +44,10 @@ but in LFM2's short convolutions), whatever the sequence's length. vLLM draws bo
 
 Checked on the real CPU engine (``tests/e2e/test_state_layers.py``): a tiny Qwen3-Next (three DeltaNet
 layers and one attention layer), a tiny Nemotron-H (two Mamba2 layers, one attention layer), a Granite-4.0-H,
-a two-layer Falcon-H1 (attention and Mamba2 side by side), an LFM2 (three short convs, one attention layer)
-and an OLMo-Hybrid (three DeltaNet layers, one attention layer) hold the block size, groups, blocks and
-maximum concurrency the plan gives, with both SSM dtypes. Jamba's Mamba1 layers fail in the CPU engine's
-forward pass, so its rules are read in the source only.
+a two-layer Falcon-H1 (attention and Mamba2 side by side) and an LFM2 (three short convs, one attention
+layer) hold the block size, groups, blocks and maximum concurrency the plan gives, with both SSM dtypes.
+Jamba's Mamba1 layers fail in the CPU engine's forward pass and OLMo-Hybrid's DeltaNet needs Triton, so their
+rules are read in the source only (OLMo-Hybrid's state is ``gated_delta_net_state_shape``, as Qwen3-Next's).
 
 Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Zamba2, Kimi Linear's
 KDA, MiniMax and Ling linear attention,

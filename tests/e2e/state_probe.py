@@ -11,7 +11,12 @@ layers of two heads and one KV head of 64, so an attention page of 128 tokens is
 * ``granite``: a Granite-4.0-H (``GraniteMoeHybrid``) of four layers (``layer_types``: Mamba2, attention and two
   Mamba2, the same SSM shape), each with four experts and a shared MLP;
 * ``falconh1``: a Falcon-H1 of two layers, each with attention and a Mamba2 mixer side by side (four SSM heads
-  of 32, state 16, ``mamba_d_ssm`` 128, the gated norm and projection biases on).
+  of 32, state 16, ``mamba_d_ssm`` 128, the gated norm and projection biases on);
+* ``lfm2``: an LFM2 of four layers (``layer_types``: short conv, attention, two short convs; a conv window of
+  three), with the ``conv_dim`` and ``block_dim`` fields published LFM2 configs carry and vLLM reads.
+
+(OLMo-Hybrid's DeltaNet layer needs Triton, which the CPU build lacks; Jamba's Mamba1 layers fail in the CPU
+engine's forward pass.)
 
 ``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) with the settings
 of :data:`RUNS`, and print per run the block size, the groups (layer names), the blocks, the maximum
@@ -55,6 +60,10 @@ FALCON_H1: dict[str, Any] = {
     "mamba_d_conv": 4, "mamba_expand": 1, "mamba_d_ssm": 128, "mamba_rms_norm": True, "mamba_proj_bias": True,
     "projectors_bias": True,
 }  # fmt: skip
+LFM2: dict[str, Any] = {
+    "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_L_cache": 3,
+    "conv_dim": 128, "block_dim": 128,
+}  # fmt: skip
 RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3next": ("qwen3next", {"mamba_ssm_cache_dtype": "float32"}),
     "qwen3next-wide": ("qwen3next-wide", {"mamba_ssm_cache_dtype": "bfloat16"}),
@@ -62,6 +71,7 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
     "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),  # the CPU's choice for Mamba2, said for all
     "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
+    "lfm2": ("lfm2", {}),
 }
 
 
@@ -75,6 +85,7 @@ def make(tokenizer_dir: Path, root: Path) -> None:
             tf.GraniteMoeHybridConfig(**{k: v for k, v in BASE.items() if k != "head_dim"}, **GRANITE)
         ),
         "falconh1": tf.FalconH1ForCausalLM(tf.FalconH1Config(**BASE, **FALCON_H1)),
+        "lfm2": tf.Lfm2ForCausalLM(tf.Lfm2Config(**BASE, **LFM2)),
     }
     for name, model in models.items():
         model.to(torch.bfloat16).save_pretrained(root / name)
