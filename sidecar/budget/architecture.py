@@ -100,6 +100,7 @@ class Architecture:
     state: StateSpec | None = None  # the STATE layers' shape (sidecar.budget.state_layers)
     parallel_state_layers: int = 0  # state mixers beside attention in the same layers (Falcon-H1)
     unmodelled_state: bool = False  # the config declares state layers of a family the plan does not model
+    unmodelled_features: tuple[str, ...] = ()  # what of the config the plan leaves out (a note names them)
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -246,6 +247,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     if falcon and not new_falcon and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
+    widths = cfg.get("intermediate_size")
+    if isinstance(widths, list) and widths and all(isinstance(w, int) for w in widths):  # Gemma 3n: per layer
+        cfg = {**cfg, "intermediate_size": round(sum(widths) / len(widths))}
     intermediate = first_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
     if model_type == "lfm2" and cfg.get("block_auto_adjust_ff_dim"):
         intermediate = _lfm2_mlp_width(cfg, intermediate)
@@ -278,6 +282,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         state=state if LayerKind.STATE in kinds or parallel else None,
         parallel_state_layers=parallel,
         unmodelled_state=unmodelled,
+        unmodelled_features=unmodelled_features(cfg, widths),
         sliding_window=first_int(cfg, "sliding_window"),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,
@@ -300,6 +305,20 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
             [head_dim, rotary, max_positions, cfg.get("rope_theta"), _rope_parameters(cfg)], sort_keys=True
         ),
     )
+
+
+def unmodelled_features(cfg: Mapping[str, Any], widths: object) -> tuple[str, ...]:
+    """Features of a config the plan does not model (Gemma 3n's and Gemma 4's), for a note that says so."""
+    features = []
+    if isinstance(widths, list):
+        features.append("per-layer MLP widths (planned at their mean)")
+    if cfg.get("per_layer_config") or cfg.get("global_head_dim"):
+        features.append("per-layer head sizes")
+    if (first_int(cfg, "num_kv_shared_layers") or 0) > 0:
+        features.append("KV shared by the last num_kv_shared_layers layers")
+    if first_int(cfg, "hidden_size_per_layer_input"):
+        features.append("per-layer input embeddings")
+    return tuple(features)
 
 
 def _lfm2_mlp_width(cfg: Mapping[str, Any], intermediate: int) -> int:

@@ -74,6 +74,11 @@ def plan_notes(
             f"(fixed in 0.31.0): its pool can come out up to {worst:.1f} GiB per GPU smaller than planned; "
             "the sidecar admits by the pool the engine reports"
         )
+    if arch.unmodelled_features:
+        notes.append(
+            f"not modelled for this config: {', '.join(arch.unmodelled_features)}; the weights and KV "
+            "figures above are approximate (the sidecar admits by the pool the engine reports)"
+        )
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)

@@ -278,3 +278,23 @@ def test_jamba_s_mamba1_state_takes_no_draft_tokens() -> None:
     assert arch.state.page_bytes(1, "bfloat16", "auto", 0) == 3 * 256 * 2 + 256 * 16 * 2
     assert StateRules(32).conv_draft_slots(arch.state, 3) == 0
     assert arch.state.page_bytes(2, "bfloat16", "float32", 0) == 3 * 128 * 2 + 128 * 16 * 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "feature"),
+    [
+        pytest.param({"intermediate_size": [256, 512]}, "per-layer MLP widths", id="gemma3n-widths"),
+        pytest.param({"num_kv_shared_layers": 1}, "KV shared by the last", id="gemma3n-shared-kv"),
+        pytest.param(
+            {"hidden_size_per_layer_input": 64}, "per-layer input embeddings", id="per-layer-inputs"
+        ),
+        pytest.param({"global_head_dim": 128}, "per-layer head sizes", id="gemma4-global-heads"),
+    ],
+)
+def test_gemma_3n_and_4_features_the_plan_does_not_model_are_named(
+    extra: dict[str, Any], feature: str
+) -> None:
+    """Gemma 3n's list of MLP widths stopped ``plan`` ("must be a whole number"); now it plans and says so."""
+    config = SMALL | {"model_type": "gemma3n_text", "num_hidden_layers": 2} | extra
+    notes = build_ledger(PlanRequest(architecture_from_config(config), 24 * GIB, max_model_len=1024)).notes
+    assert any(note.startswith("not modelled for this config:") and feature in note for note in notes)
