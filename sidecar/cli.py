@@ -131,6 +131,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "async_scheduling": args.async_scheduling,
         "enable_prefix_caching": args.enable_prefix_caching,
         "mamba_ssm_cache_dtype": args.mamba_ssm_cache_dtype,
+        "mamba_cache_dtype": args.mamba_cache_dtype,
         "cuda_graph_bytes": args.cuda_graph_memory,
         "lora": lora_slots_from_args(args),
         "cpu_offload_bytes": args.cpu_offload_gb or 0,

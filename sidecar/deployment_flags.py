@@ -141,6 +141,13 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         choices=("auto", "float32", "bfloat16", "float16"),
         help="vLLM --mamba-ssm-cache-dtype: the state layers' SSM state (default %(default)s: the model's)",
     )
+    add(
+        "--mamba-cache-dtype",
+        default=default_of(PlanRequest, "mamba_cache_dtype"),
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="vLLM --mamba-cache-dtype: the state layers' conv state, and their SSM state unless "
+        "--mamba-ssm-cache-dtype or the model says otherwise (default %(default)s: the model's dtype)",
+    )
     add("--cuda-graph-memory", type=parse_memory, help="a measured CUDA-graph figure (default 0.5GiB)")
     add("--max-num-seqs", type=parse_positive_int, help="vLLM --max-num-seqs")
     add("--max-num-batched-tokens", type=parse_positive_int, help="vLLM --max-num-batched-tokens")

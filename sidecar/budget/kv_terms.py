@@ -76,6 +76,7 @@ def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
         arch.dtype,
         request.mamba_ssm_cache_dtype,
         rules.conv_draft_slots(arch.state, speculative),
+        request.mamba_cache_dtype,
     )
     caching = request.enable_prefix_caching
     mode = rules.mode(

@@ -122,6 +122,7 @@ class PlanRequest:
         None  # None: the release's default (hybrid state models: state_layers)
     )
     mamba_ssm_cache_dtype: str = "auto"  # vLLM --mamba-ssm-cache-dtype (state layers' temporal state)
+    mamba_cache_dtype: str = "auto"  # vLLM --mamba-cache-dtype (the conv state; the SSM state too when auto)
 
     def __post_init__(self) -> None:
         positive = {

@@ -68,6 +68,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "block_size": req.block_size,
         "enable_prefix_caching": req.enable_prefix_caching,
         "mamba_ssm_cache_dtype": req.mamba_ssm_cache_dtype,
+        "mamba_cache_dtype": req.mamba_cache_dtype,
         "max_num_seqs": req.effective_batch[1],
         "max_num_batched_tokens": req.effective_batch[0],
         "lora": None

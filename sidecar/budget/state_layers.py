@@ -110,7 +110,12 @@ class StateSpec:
     dt_rank: int = 0  # Mamba1's time-step rank (x_proj, dt_proj)
 
     def page_bytes(
-        self, tensor_parallel_size: int, model_dtype: str, ssm_cache_dtype: str, speculative_tokens: int
+        self,
+        tensor_parallel_size: int,
+        model_dtype: str,
+        ssm_cache_dtype: str,
+        speculative_tokens: int,
+        conv_cache_dtype: str = "auto",
     ) -> int:
         """One layer's state on one GPU (``MambaSpec.page_size_bytes`` before padding)."""
         tp = tensor_parallel_size
@@ -119,9 +124,19 @@ class StateSpec:
             conv_dim += 2 * (tp - self.groups) * self.state_dim  # extra_groups_for_head_shards
         conv = (self.conv_kernel - 1 + speculative_tokens) * (conv_dim // tp)
         temporal = (self.heads // tp) * self.head_dim * self.state_dim
-        dtype = self.ssm_dtype if ssm_cache_dtype == "auto" else ssm_cache_dtype
-        ssm = state_dtype_bytes("auto" if dtype is None else dtype, model_dtype)
-        return round(conv * state_dtype_bytes("auto", model_dtype) + temporal * ssm)
+        conv_dtype, ssm_dtype = self.state_dtypes(model_dtype, conv_cache_dtype, ssm_cache_dtype)
+        return round(conv * weight_bytes_per_param(conv_dtype) + temporal * weight_bytes_per_param(ssm_dtype))
+
+    def state_dtypes(self, model_dtype: str, conv_cache_dtype: str, ssm_cache_dtype: str) -> tuple[str, str]:
+        """The conv and SSM states' dtypes (``MambaStateDtypeCalculator._mamba_state_dtype``, 0.15.0-0.32.0).
+
+        The conv state in ``--mamba-cache-dtype`` (``auto``: the model's dtype); the SSM state in
+        ``--mamba-ssm-cache-dtype``, whose ``auto`` is the model's hook (:attr:`ssm_dtype`: Nemotron-H,
+        Qwen3.5) where it has one, else the conv state's dtype.
+        """
+        conv = _state_dtype(conv_cache_dtype, model_dtype)
+        given = (self.ssm_dtype or conv) if ssm_cache_dtype == "auto" else ssm_cache_dtype
+        return conv, _state_dtype(given, model_dtype)
 
     def mixer_parameters(self, hidden: int) -> int:
         """The mixer's weights, as transformers builds them (``Qwen3NextGatedDeltaNet``, ``*Mamba2Mixer``)."""
@@ -242,12 +257,12 @@ def _mamba2_fields(cfg: Mapping[str, Any], model_type: str) -> tuple[int, int, i
     return heads, head_dim, groups, state, kernel
 
 
-def state_dtype_bytes(dtype: str, model_dtype: str) -> float:
-    """Bytes of one state element: ``auto`` is the model's serving dtype; else float32, bfloat16, float16."""
+def _state_dtype(dtype: str, model_dtype: str) -> str:
+    """A state dtype setting as a dtype: ``auto`` is the model's; else float32, bfloat16 or float16."""
     key = serving_dtype(model_dtype) if dtype == "auto" else normalise_dtype(dtype)
     if key not in FLOAT_DTYPES:
         raise UsageError(f"unknown Mamba SSM cache dtype {dtype!r}: use auto, float32, bfloat16 or float16")
-    return weight_bytes_per_param(key)
+    return key
 
 
 def _field(cfg: Mapping[str, Any], name: str) -> int:

@@ -58,6 +58,7 @@ class PlanInputs:
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
     enable_prefix_caching: bool | None = None  # None: the engine's page, else the release's default
     mamba_ssm_cache_dtype: str = default_of(PlanRequest, "mamba_ssm_cache_dtype")
+    mamba_cache_dtype: str = default_of(PlanRequest, "mamba_cache_dtype")
     cuda_graph_bytes: int | None = None
     lora: LoraSlots | None = None  # --enable-lora; else the slots the page names, at vLLM's default rank
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb (its page does not say it)
@@ -80,9 +81,8 @@ def _engine_kv_dtype(config: CacheConfig | None) -> str | None:
     return dtype if dtype == "auto" or dtype in KV_DTYPES else None
 
 
-def _mamba_ssm_dtype(given: str, engine: CacheConfig | None) -> str:
+def _mamba_dtype(given: str, reported: str | None) -> str:
     """The flag when given, else the engine's (it reports what its model's hooks and platform settled)."""
-    reported = engine.mamba_ssm_cache_dtype if engine else None
     if given != "auto" or reported not in {"float32", "bfloat16", "float16"}:
         return given
     return str(reported)
@@ -140,7 +140,12 @@ def resolve_plan_request(
         enable_prefix_caching=inputs.enable_prefix_caching
         if inputs.enable_prefix_caching is not None
         else (engine.enable_prefix_caching if engine else None),
-        mamba_ssm_cache_dtype=_mamba_ssm_dtype(inputs.mamba_ssm_cache_dtype, engine),
+        mamba_ssm_cache_dtype=_mamba_dtype(
+            inputs.mamba_ssm_cache_dtype, engine.mamba_ssm_cache_dtype if engine else None
+        ),
+        mamba_cache_dtype=_mamba_dtype(
+            inputs.mamba_cache_dtype, engine.mamba_cache_dtype if engine else None
+        ),
         cuda_graph_bytes=inputs.cuda_graph_bytes,
         lora=inputs.lora or (LoraSlots(max_loras=engine_max_loras) if engine_max_loras else None),
         cpu_offload_bytes=inputs.cpu_offload_bytes,

@@ -150,6 +150,7 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     mamba_ssm_cache_dtype: str | None = None  # the state layers' SSM dtype as the engine settled it
+    mamba_cache_dtype: str | None = None  # their conv state's dtype (--mamba-cache-dtype)
 
     @property
     def pool_tokens(self) -> int | None:
@@ -174,6 +175,7 @@ class CacheConfig:
             kv_cache_memory_bytes=label_int(labels.get("kv_cache_memory_bytes")),
             num_gpu_blocks_override=label_int(labels.get("num_gpu_blocks_override")),
             mamba_ssm_cache_dtype=labels.get("mamba_ssm_cache_dtype") or None,
+            mamba_cache_dtype=labels.get("mamba_cache_dtype") or None,
         )
 
 

@@ -70,6 +70,7 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "nemotronh": ("nemotronh", {}),  # the config's own SSM dtype (transformers writes float32)
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
     "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),  # the CPU's choice for Mamba2, said for all
+    "granite-conv-fp32": ("granite", {"mamba_ssm_cache_dtype": "float32", "mamba_cache_dtype": "float32"}),
     "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
     "lfm2": ("lfm2", {}),
 }
@@ -94,7 +95,7 @@ def make(tokenizer_dir: Path, root: Path) -> None:
 
 
 def view(worker: Any) -> dict[str, Any]:
-    """The KV cache's block size, groups, blocks, maximum concurrency and mamba cache mode."""
+    """The KV cache's block size, groups, blocks, maximum concurrency, mamba cache mode and state dtypes."""
     runner = worker.model_runner
     config, cache = runner.kv_cache_config, runner.cache_config
     return {
@@ -104,6 +105,13 @@ def view(worker: Any) -> dict[str, Any]:
         "max_concurrency": cache.kv_cache_max_concurrency,
         "mamba_cache_mode": cache.mamba_cache_mode,
         "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
+        "state_dtypes": sorted(
+            {
+                tuple(str(dtype).removeprefix("torch.") for dtype in group.kv_cache_spec.dtypes)
+                for group in config.kv_cache_groups
+                if hasattr(group.kv_cache_spec, "dtypes")
+            }
+        ),  # the conv and SSM states' dtypes of each state group (MambaSpec.dtypes)
     }
 
 

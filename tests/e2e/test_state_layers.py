@@ -28,10 +28,12 @@ import pytest
 from sidecar.admission.geometry import engine_blocks_per_request, resolve_layout
 from sidecar.budget import load_architecture
 from sidecar.budget.architecture import architecture_from_config
+from sidecar.budget.dtypes import normalise_dtype
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.kv_terms import layer_kv_bytes_per_token, state_terms
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
+from sidecar.budget.state_layers import SHORT_CONV
 from sidecar.units import GIB
 from tests.e2e.conftest import serve
 from tests.e2e.spikes import straight_then_through
@@ -47,6 +49,7 @@ RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
     "nemotronh": ("nemotronh", {}),
     "nemotronh-no-prefix-caching": ("nemotronh", {"enable_prefix_caching": False}),
     "granite": ("granite", {"mamba_ssm_cache_dtype": "float32"}),
+    "granite-conv-fp32": ("granite", {"mamba_ssm_cache_dtype": "float32", "mamba_cache_dtype": "float32"}),
     "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
     "lfm2": ("lfm2", {}),
 }
@@ -87,6 +90,20 @@ def test_the_pool_is_planned_as_the_engine_sizes_it(engine: tuple[Path, Any], la
     assert ledger.kv_pool_blocks == run["num_blocks"]
     assert ledger.max_concurrency == round(run["max_concurrency"], 2)
     assert run["mamba_cache_mode"] == ("none" if label.endswith("no-prefix-caching") else "align")
+
+
+@pytest.mark.parametrize("label", list(RUNS))
+def test_the_state_dtypes_are_the_engines(engine: tuple[Path, Any], label: str) -> None:
+    """--mamba-cache-dtype sets the conv state, and the SSM state unless the flag or the model's hook does."""
+    root, runs = engine
+    request = _plan(root, label)
+    state = request.architecture.state
+    assert state is not None
+    conv, ssm = state.state_dtypes(
+        request.architecture.dtype, request.mamba_cache_dtype, request.mamba_ssm_cache_dtype
+    )
+    engine_dtypes = [[normalise_dtype(dtype) for dtype in group] for group in runs[label]["state_dtypes"]]
+    assert engine_dtypes == [[conv] if state.mixer == SHORT_CONV else [conv, ssm]]
 
 
 @pytest.mark.parametrize("label", list(RUNS))

@@ -10,6 +10,7 @@ parameter count are checked on the real engine by ``tests/e2e/test_state_layers.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from sidecar.errors import ConfigError
 from sidecar.units import GIB
 
 F, S, N = LayerKind.FULL, LayerKind.STATE, LayerKind.NONE
+GRANITE_STATE = StateSpec(MAMBA2, conv_dim=160, conv_kernel=4, heads=4, head_dim=32, state_dim=16, groups=1)
 SMALL: dict[str, Any] = {
     "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256,
     "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
@@ -298,3 +300,23 @@ def test_gemma_3n_and_4_features_the_plan_does_not_model_are_named(
     config = SMALL | {"model_type": "gemma3n_text", "num_hidden_layers": 2} | extra
     notes = build_ledger(PlanRequest(architecture_from_config(config), 24 * GIB, max_model_len=1024)).notes
     assert any(note.startswith("not modelled for this config:") and feature in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    ("spec", "conv", "ssm", "page"),
+    [
+        pytest.param(GRANITE_STATE, "auto", "auto", 3 * 160 * 2 + 4 * 32 * 16 * 2, id="both-bf16"),
+        pytest.param(GRANITE_STATE, "float32", "auto", 3 * 160 * 4 + 4 * 32 * 16 * 4, id="ssm-follows-conv"),
+        pytest.param(GRANITE_STATE, "float32", "bfloat16", 3 * 160 * 4 + 4 * 32 * 16 * 2, id="ssm-flag-wins"),
+        pytest.param(
+            replace(GRANITE_STATE, ssm_dtype="float32"), "bfloat16", "auto", 3 * 160 * 2 + 4 * 32 * 16 * 4,
+            id="model-hook-wins",
+        ),
+    ],
+)  # fmt: skip
+def test_mamba_cache_dtype_sets_the_conv_state_and_the_ssm_state_when_nothing_else_does(
+    spec: StateSpec, conv: str, ssm: str, page: int
+) -> None:
+    """``_mamba_state_dtype`` (vLLM 0.15.0 to 0.32.0 alike): conv in ``--mamba-cache-dtype``, SSM in
+    ``--mamba-ssm-cache-dtype``, else the model's hook (Nemotron-H, Qwen3.5), else the conv dtype."""
+    assert spec.page_bytes(1, "bfloat16", ssm, 0, conv) == page

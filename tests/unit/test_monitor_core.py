@@ -103,15 +103,24 @@ def test_planning_prefers_flags_then_engine_then_defaults() -> None:
 
 def test_a_hybrid_models_state_settings_come_from_the_flags_else_the_engine() -> None:
     """The engine reports its prefix caching and the SSM dtype its model hooks and platform settled on."""
-    config = replace(_snapshot().cache_config, enable_prefix_caching=False, mamba_ssm_cache_dtype="float32")
+    config = replace(
+        _snapshot().cache_config,
+        enable_prefix_caching=False,
+        mamba_ssm_cache_dtype="float32",
+        mamba_cache_dtype="float32",
+    )
     inputs = PlanInputs(architecture=TINY, gpu_memory_bytes=24 * GIB)
     from_engine = resolve_plan_request(inputs, config, 1024, None)
     assert from_engine is not None
     assert (from_engine.enable_prefix_caching, from_engine.mamba_ssm_cache_dtype) == (False, "float32")
-    flags = replace(inputs, enable_prefix_caching=True, mamba_ssm_cache_dtype="bfloat16")
+    assert from_engine.mamba_cache_dtype == "float32"
+    flags = replace(
+        inputs, enable_prefix_caching=True, mamba_ssm_cache_dtype="bfloat16", mamba_cache_dtype="float16"
+    )
     flagged = resolve_plan_request(flags, config, 1024, None)
     assert flagged is not None
     assert (flagged.enable_prefix_caching, flagged.mamba_ssm_cache_dtype) == (True, "bfloat16")
+    assert flagged.mamba_cache_dtype == "float16"
     unknown = resolve_plan_request(inputs, replace(config, mamba_ssm_cache_dtype="auto"), 1024, None)
     assert unknown is not None
     assert unknown.mamba_ssm_cache_dtype == "auto"

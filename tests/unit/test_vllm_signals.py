@@ -71,6 +71,7 @@ def test_current_page_details() -> None:
     assert (config.num_gpu_blocks_override, config.kv_cache_memory_bytes) == (16, 1073741824)
     assert config.enable_prefix_caching is True
     assert config.mamba_ssm_cache_dtype == "auto"  # a model without state layers: the default
+    assert config.mamba_cache_dtype == "auto"
     assert list(snap.engines) == ["0"]
 
 
