@@ -50,10 +50,10 @@ Jamba's Mamba1 layers fail in the CPU engine's forward pass and OLMo-Hybrid's De
 rules are read in the source only (OLMo-Hybrid's state is ``gated_delta_net_state_shape``, as Qwen3-Next's).
 
 Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Zamba2, Kimi Linear's
-KDA, MiniMax and Ling linear attention,
-ReplaySSM's rings (``--mamba-backend``), ``--mamba-cache-dtype`` other than ``auto``, ``--mamba-block-size``,
-pipeline stages with state layers, MLA attention beside state layers (its kernels' 128-token alignment) and
-the larger kernel blocks of Blackwell's FlashAttention 4 for 256-wide heads (``_get_fa4_hd256_block_size``).
+KDA, MiniMax and Ling linear attention. Nor are ReplaySSM's rings (``--mamba-backend``),
+``--mamba-block-size`` (0.32.0 overrides it with the block size in mode ``align``), pipeline stages with
+state layers, MLA attention beside state layers (its kernels' 128-token alignment) and the larger kernel
+blocks of Blackwell's FlashAttention 4 for 256-wide heads (``_get_fa4_hd256_block_size``).
 """
 
 from __future__ import annotations
