@@ -247,6 +247,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     if falcon and not new_falcon and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
+    if model_type == "zamba2":  # its shared attention block reads [hidden, embeddings]: twice as wide
+        head_dim = first_int(cfg, "attention_head_dim") or 2 * hidden // heads
     widths = cfg.get("intermediate_size")
     if isinstance(widths, list) and widths and all(isinstance(w, int) for w in widths):  # Gemma 3n: per layer
         cfg = {**cfg, "intermediate_size": round(sum(widths) / len(widths))}

@@ -320,3 +320,15 @@ def test_mamba_cache_dtype_sets_the_conv_state_and_the_ssm_state_when_nothing_el
     """``_mamba_state_dtype`` (vLLM 0.15.0 to 0.32.0 alike): conv in ``--mamba-cache-dtype``, SSM in
     ``--mamba-ssm-cache-dtype``, else the model's hook (Nemotron-H, Qwen3.5), else the conv dtype."""
     assert spec.page_bytes(1, "bfloat16", ssm, 0, conv) == page
+
+
+def test_zamba2_s_attention_heads_are_twice_as_wide_as_hidden_over_heads() -> None:
+    """``zamba2.py``: the shared block attends over ``attention_hidden_size`` (2 x hidden) in heads of
+    ``attention_head_dim``; the KV per token was planned at half of it."""
+    config = SMALL | {
+        "model_type": "zamba2",
+        "num_hidden_layers": 2,
+        "layers_block_type": ["mamba", "hybrid"],
+    }
+    assert architecture_from_config(config).head_dim == 2 * 128 // 2
+    assert architecture_from_config(config | {"attention_head_dim": 96}).head_dim == 96
