@@ -165,9 +165,22 @@ def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int
     )
 
 
+def has_unmodelled_state(arch: Architecture) -> bool:
+    """Whether the model keeps a state per sequence in layers the plan does not model."""
+    return arch.state is None and (arch.unmodelled_state or state_class(arch.class_name) == "hybrid")
+
+
+def plan_gaps(arch: Architecture) -> str | None:
+    """What of the model the plan leaves out, in words (``None`` when nothing), for the drift diagnosis."""
+    gaps = (["recurrent-state layers"] if has_unmodelled_state(arch) else []) + list(arch.unmodelled_features)
+    return (
+        f"the plan does not model {arch.class_name or arch.model_type}'s {', '.join(gaps)}" if gaps else None
+    )
+
+
 def _unmodelled_state_note(arch: Architecture) -> tuple[str, ...]:
     """A note for a model that keeps a state per sequence in layers the plan does not model (or none)."""
-    if not (arch.unmodelled_state or state_class(arch.class_name) == "hybrid"):
+    if not has_unmodelled_state(arch):
         return ()
     return (
         f"{arch.class_name or arch.model_type} keeps a recurrent state per sequence beside its attention "

@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-:func:`compare` lines up what the budget predicted with what the engine reports (pool tokens
-and their drift, maximum concurrency against the target, the KV dtype asked for against the
-one in effect). :func:`diagnose` turns that comparison, the engine's state, the GPU reads and the
-recent :class:`~sidecar.monitor.history.SignalHistory` into :class:`Diagnosis` records, each with
-a stable ``id`` (used as a metric label, a log field and in alerts), a severity, a one-line message
-and the seeds' advice. Both functions are pure: time comes in as ``now``.
+:func:`~sidecar.monitor.comparison.compare` lines up what the budget predicted with what the engine
+reports (pool tokens and their drift, maximum concurrency against the target, the KV dtype asked for
+against the one in effect, and what of the model the plan leaves out). :func:`diagnose` turns that
+comparison, the engine's state, the GPU reads and the recent :class:`~sidecar.monitor.history.SignalHistory`
+into :class:`Diagnosis` records, each with a stable ``id`` (used as a metric label, a log field and in
+alerts), a severity, a one-line message and the seeds' advice. Both functions are pure: time comes in as
+``now``.
 
 | id | severity | when |
 |---|---|---|
@@ -30,13 +31,14 @@ and the seeds' advice. Both functions are pure: time comes in as ``now``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
-from sidecar.budget.ledger import Ledger, PlanRequest
+from sidecar.budget.ledger import PlanRequest
 from sidecar.budget.vllm_release import VllmRelease
+from sidecar.monitor.comparison import Comparison
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import SignalHistory
 from sidecar.settings import default_of
@@ -104,26 +106,6 @@ class Diagnosis:
 
 
 @dataclass(frozen=True, slots=True)
-class Comparison:
-    """Predicted and engine-reported figures side by side (``None`` where one side is unknown)."""
-
-    predicted_pool_tokens: int | None
-    engine_pool_tokens: int | None
-    pool_drift_ratio: float | None
-    predicted_max_concurrency: float | None
-    engine_max_concurrency: float | None
-    target_concurrency: int
-    max_model_len: int | None
-    requested_kv_dtype: str | None
-    engine_kv_dtype: str | None
-    vllm_release: str | None = None  # the release the prediction was made for
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
 class MonitorSettings:
     """What the operator asked for, and how long "sustained" is."""
 
@@ -132,46 +114,6 @@ class MonitorSettings:
     model_dtype: str | None = None
     sustain_seconds: float = 60.0
     high_usage_threshold: float = HIGH_USAGE_THRESHOLD
-
-
-def _engine_max_concurrency(snapshot: EngineSnapshot, max_model_len: int | None) -> float | None:
-    config = snapshot.cache_config
-    if config is None:
-        return None
-    if config.kv_cache_max_concurrency is not None:
-        return config.kv_cache_max_concurrency
-    pool, block = config.pool_tokens, config.block_size
-    if pool is None or not block or not max_model_len:
-        return None
-    return round(pool / (math.ceil(max_model_len / block) * block), 2)
-
-
-def compare(
-    ledger: Ledger | None,
-    snapshot: EngineSnapshot | None,
-    *,
-    max_model_len: int | None,
-    settings: MonitorSettings,
-) -> Comparison:
-    """Line up the prediction and the engine's report."""
-    predicted_pool = ledger.kv_pool_tokens if ledger else None
-    engine_pool = snapshot.cache_config.pool_tokens if snapshot and snapshot.cache_config else None
-    drift = None
-    if predicted_pool and engine_pool is not None:
-        drift = (engine_pool - predicted_pool) / predicted_pool
-    engine_dtype = snapshot.cache_config.cache_dtype if snapshot and snapshot.cache_config else None
-    return Comparison(
-        predicted_pool_tokens=predicted_pool,
-        engine_pool_tokens=engine_pool,
-        pool_drift_ratio=drift,
-        predicted_max_concurrency=ledger.max_concurrency if ledger else None,
-        engine_max_concurrency=_engine_max_concurrency(snapshot, max_model_len) if snapshot else None,
-        target_concurrency=settings.target_concurrency,
-        max_model_len=max_model_len,
-        requested_kv_dtype=settings.requested_kv_dtype,
-        engine_kv_dtype=engine_dtype,
-        vllm_release=str(ledger.request.release) if ledger else None,
-    )
 
 
 def _dtype_in_effect(requested: str, reported: str, model_dtype: str | None) -> bool:
@@ -196,6 +138,8 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
             " peak shrinks the pool"
         )
         release = comparison.vllm_release
+        if drift < 0 and comparison.plan_gaps:
+            advice = f"{comparison.plan_gaps}: trust the engine's pool (admission does); " + advice
         if drift < 0 and release and VllmRelease.parse(release).counts_pinned_profile_segments():
             advice = (
                 f"vLLM {release} counts allocator segments freed during its start-up profile as used"

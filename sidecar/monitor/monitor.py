@@ -18,14 +18,8 @@ from sidecar.budget.architecture import Architecture
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.errors import KvSidecarError
-from sidecar.monitor.diagnose import (
-    Comparison,
-    Diagnosis,
-    MonitorSettings,
-    Severity,
-    compare,
-    diagnose,
-)
+from sidecar.monitor.comparison import Comparison, compare
+from sidecar.monitor.diagnose import Diagnosis, MonitorSettings, Severity, diagnose
 from sidecar.monitor.gpu import GpuSnapshot
 from sidecar.monitor.history import SignalHistory, observation
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request

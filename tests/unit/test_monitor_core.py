@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, resolve_model
-from sidecar.monitor.diagnose import MonitorSettings, Severity, compare, diagnose
+from sidecar.monitor.comparison import compare
+from sidecar.monitor.diagnose import MonitorSettings, Severity, diagnose
 from sidecar.monitor.gpu import GpuProcess, GpuSnapshot
 from sidecar.monitor.history import Observation, SignalHistory
 from sidecar.monitor.planning import PlanInputs, resolve_plan_request
@@ -303,3 +304,23 @@ def test_a_drafter_left_out_of_the_prediction_is_a_warning(
     if drafter:
         assert drafter[0].severity is Severity.WARNING
         assert drafter[0].message.endswith(": offline")
+
+
+def test_a_smaller_pool_for_a_model_the_plan_leaves_partly_out_names_what_it_leaves_out() -> None:
+    """A hybrid whose state layers are not modelled (Zamba2): the pool is smaller than planned, and says why."""
+    zamba2 = architecture_from_config(
+        TINY_CONFIG | {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"],
+                       "layers_block_type": ["hybrid"] + ["mamba"] * (TINY_CONFIG["num_hidden_layers"] - 1)}
+    )  # fmt: skip
+    settings = MonitorSettings()
+    for arch, names_it in ((zamba2, True), (TINY, False)):
+        ledger = _tiny_ledger(architecture=arch, num_gpu_blocks_override=24)  # the engine has 16: -33%
+        comparison = compare(ledger, _snapshot(), max_model_len=1024, settings=settings)
+        found = diagnose(
+            comparison=comparison, engine_up=True, snapshot=_snapshot(), predicted=True, gpus=[],
+            history=SignalHistory(600), now=0.0, settings=settings,
+        )  # fmt: skip
+        drift = next(d for d in found if d.id == "kv-pool-drift")
+        assert (
+            "the plan does not model Zamba2ForCausalLM's recurrent-state layers" in drift.advice
+        ) is names_it
