@@ -186,17 +186,23 @@ def test_drift_exactly_at_twenty_percent_is_not_a_warning() -> None:
 def test_a_smaller_pool_on_a_release_that_counts_pinned_segments_names_the_cause(
     version: str, names_it: bool
 ) -> None:
-    settings = MonitorSettings()
     ledger = _tiny_ledger(num_gpu_blocks_override=24, vllm_version=version)  # the engine has 16: -33%
-    comparison = compare(ledger, _snapshot(), max_model_len=1024, settings=settings)
-    found = diagnose(
-        comparison=comparison, engine_up=True, snapshot=_snapshot(), predicted=True, gpus=[],
-        history=SignalHistory(600), now=0.0, settings=settings,
-    )  # fmt: skip
-    drift = next(d for d in found if d.id == "kv-pool-drift")
+    drift = _pool_drift(ledger)
     assert drift.severity is Severity.WARNING
     assert ("freed during its start-up profile" in drift.advice) is names_it
-    assert comparison.vllm_release == version
+    assert (
+        compare(ledger, _snapshot(), max_model_len=1024, settings=MonitorSettings()).vllm_release == version
+    )
+
+
+def _pool_drift(ledger):  # type: ignore[no-untyped-def]
+    """The kv-pool-drift diagnosis of ``ledger`` against the engine's page (16 blocks)."""
+    settings = MonitorSettings()
+    found = diagnose(
+        comparison=compare(ledger, _snapshot(), max_model_len=1024, settings=settings), engine_up=True,
+        snapshot=_snapshot(), predicted=True, gpus=[], history=SignalHistory(600), now=0.0, settings=settings,
+    )  # fmt: skip
+    return next(d for d in found if d.id == "kv-pool-drift")
 
 
 def test_fp8_requested_but_engine_reports_auto() -> None:
@@ -312,15 +318,8 @@ def test_a_smaller_pool_for_a_model_the_plan_leaves_partly_out_names_what_it_lea
         TINY_CONFIG | {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"],
                        "layers_block_type": ["hybrid"] + ["mamba"] * (TINY_CONFIG["num_hidden_layers"] - 1)}
     )  # fmt: skip
-    settings = MonitorSettings()
     for arch, names_it in ((zamba2, True), (TINY, False)):
-        ledger = _tiny_ledger(architecture=arch, num_gpu_blocks_override=24)  # the engine has 16: -33%
-        comparison = compare(ledger, _snapshot(), max_model_len=1024, settings=settings)
-        found = diagnose(
-            comparison=comparison, engine_up=True, snapshot=_snapshot(), predicted=True, gpus=[],
-            history=SignalHistory(600), now=0.0, settings=settings,
-        )  # fmt: skip
-        drift = next(d for d in found if d.id == "kv-pool-drift")
+        drift = _pool_drift(_tiny_ledger(architecture=arch, num_gpu_blocks_override=24))  # engine 16: -33%
         assert (
             "the plan does not model Zamba2ForCausalLM's recurrent-state layers" in drift.advice
         ) is names_it
