@@ -8,9 +8,9 @@ release reports tokens) apart from the memory profile, which ``test_calibration.
 * every planned row of ``calibration.json`` that prints the available memory, but for pipeline-parallel rows
   (their log prints one stage's memory; the pool is the smallest stage's, planned per stage);
 * ``kv-arithmetic.json``: boots whose memory profile is not plannable from the log (NVFP4 weights, a vision
-  profile) but whose KV arithmetic is, such as a hybrid DeltaNet model on an RTX 5090 (vLLM 0.24.0): its
-  2,096-token blocks, four KV cache groups and two blocks per DeltaNet group with prefix caching give the
-  567,978 tokens and 4.33x it logged.
+  profile) but whose KV arithmetic is, such as a hybrid DeltaNet model on an RTX 5090 (vLLM 0.24.0, two
+  boots): its 2,096-token blocks, four KV cache groups and two blocks per DeltaNet group with prefix caching
+  give the 567,978 and 569,878 tokens and 4.33x and 4.35x it logged.
 
 The bound is the log's own rounding: X has two decimals (half of 0.01 GiB of X), and a block more or less.
 """
