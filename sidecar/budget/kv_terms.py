@@ -17,7 +17,7 @@ from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_elem
 from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.speculative import drafter_kv_layers
-from sidecar.budget.state_layers import StateRules, hybrid_block_size
+from sidecar.budget.state_layers import StateRules, hybrid_block_size, models_state_of
 from sidecar.budget.vllm_classes import state_class
 
 if TYPE_CHECKING:
@@ -167,7 +167,9 @@ def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int
 
 def has_unmodelled_state(arch: Architecture) -> bool:
     """Whether the model keeps a state per sequence in layers the plan does not model."""
-    return arch.state is None and (arch.unmodelled_state or state_class(arch.class_name) == "hybrid")
+    if arch.state is not None or models_state_of(arch.model_type):  # Granite-4.0-Micro: no state layers
+        return arch.unmodelled_state
+    return arch.unmodelled_state or state_class(arch.class_name) == "hybrid"
 
 
 def plan_gaps(arch: Architecture) -> str | None:

@@ -332,3 +332,15 @@ def test_zamba2_s_attention_heads_are_twice_as_wide_as_hidden_over_heads() -> No
     }
     assert architecture_from_config(config).head_dim == 2 * 128 // 2
     assert architecture_from_config(config | {"attention_head_dim": 96}).head_dim == 96
+
+
+def test_a_hybrid_class_whose_config_has_no_state_layers_gets_no_note() -> None:
+    """Granite-4.0-Micro is attention alone in GraniteMoeHybridForCausalLM, a class vLLM marks hybrid."""
+    config = SMALL | {
+        "model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "num_hidden_layers": 2,
+        "layer_types": ["attention", "attention"], "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_expand": 1,
+    }  # fmt: skip
+    arch = architecture_from_config(config)
+    assert arch.state is None
+    notes = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=1024)).notes
+    assert not any("recurrent state" in note for note in notes)
