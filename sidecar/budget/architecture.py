@@ -32,7 +32,7 @@ from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
-from sidecar.budget.state_layers import StateSpec, state_spec
+from sidecar.budget.state_layers import StateSpec, models_state_of, state_spec
 from sidecar.budget.vision import vision_parameters
 from sidecar.budget.vllm_classes import state_class
 from sidecar.errors import ConfigError
@@ -99,7 +99,7 @@ class Architecture:
     rope_key: str = ""  # what vLLM's ``get_rope`` caches a table by: models with the same key share one
     state: StateSpec | None = None  # the STATE layers' shape (sidecar.budget.state_layers)
     parallel_state_layers: int = 0  # state mixers beside attention in the same layers (Falcon-H1)
-    unmodelled_state: bool = False  # the config declares state layers of a family the plan does not model
+    unmodelled_state: bool = False  # state layers the plan does not model (by the config or vLLM's registry)
     unmodelled_features: tuple[str, ...] = ()  # what of the config the plan leaves out (a note names them)
 
     @property
@@ -266,7 +266,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     rotary = mla.qk_rope_head_dim if mla else head_dim
     state, kinds = state_spec(cfg, model_type), layer_kinds(cfg, model_type, num_layers)
     parallel = parallel_state_layers(model_type, num_layers)
-    unmodelled = state is None and (parallel > 0 or LayerKind.STATE in kinds)
+    hybrid_class = state_class(_class_name(top)) == "hybrid" and not models_state_of(model_type)
+    unmodelled = state is None and (parallel > 0 or LayerKind.STATE in kinds or hybrid_class)
     if unmodelled:  # a family whose state layers are not modelled: nothing in the plan (a note says so)
         kinds, parallel = tuple(LayerKind.NONE if kind is LayerKind.STATE else kind for kind in kinds), 0
     return Architecture(

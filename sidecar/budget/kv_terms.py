@@ -17,8 +17,7 @@ from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_elem
 from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.speculative import drafter_kv_layers
-from sidecar.budget.state_layers import StateRules, hybrid_block_size, models_state_of
-from sidecar.budget.vllm_classes import state_class
+from sidecar.budget.state_layers import StateRules, hybrid_block_size
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -165,16 +164,9 @@ def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int
     )
 
 
-def has_unmodelled_state(arch: Architecture) -> bool:
-    """Whether the model keeps a state per sequence in layers the plan does not model."""
-    if arch.state is not None or models_state_of(arch.model_type):  # Granite-4.0-Micro: no state layers
-        return arch.unmodelled_state
-    return arch.unmodelled_state or state_class(arch.class_name) == "hybrid"
-
-
 def plan_gaps(arch: Architecture) -> str | None:
     """What of the model the plan leaves out, in words (``None`` when nothing), for the drift diagnosis."""
-    gaps = (["recurrent-state layers"] if has_unmodelled_state(arch) else []) + list(arch.unmodelled_features)
+    gaps = (["recurrent-state layers"] if arch.unmodelled_state else []) + list(arch.unmodelled_features)
     return (
         f"the plan does not model {arch.class_name or arch.model_type}'s {', '.join(gaps)}" if gaps else None
     )
@@ -182,7 +174,7 @@ def plan_gaps(arch: Architecture) -> str | None:
 
 def _unmodelled_state_note(arch: Architecture) -> tuple[str, ...]:
     """A note for a model that keeps a state per sequence in layers the plan does not model (or none)."""
-    if not has_unmodelled_state(arch):
+    if not arch.unmodelled_state:
         return ()
     return (
         f"{arch.class_name or arch.model_type} keeps a recurrent state per sequence beside its attention "
