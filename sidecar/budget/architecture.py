@@ -32,7 +32,7 @@ from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
-from sidecar.budget.state_layers import StateSpec, models_state_of, state_spec
+from sidecar.budget.state_layers import StateSpec, state_spec
 from sidecar.budget.vision import vision_parameters
 from sidecar.budget.vllm_classes import state_class
 from sidecar.errors import ConfigError
@@ -266,7 +266,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     rotary = mla.qk_rope_head_dim if mla else head_dim
     state, kinds = state_spec(cfg, model_type), layer_kinds(cfg, model_type, num_layers)
     parallel = parallel_state_layers(model_type, num_layers)
-    hybrid_class = state_class(_class_name(top)) == "hybrid" and not models_state_of(model_type)
+    # a family with a state spec is modelled even where its config has no state layers (Granite-4.0-Micro)
+    hybrid_class = state_class(_class_name(top)) == "hybrid"
     unmodelled = state is None and (parallel > 0 or LayerKind.STATE in kinds or hybrid_class)
     if unmodelled:  # a family whose state layers are not modelled: nothing in the plan (a note says so)
         kinds, parallel = tuple(LayerKind.NONE if kind is LayerKind.STATE else kind for kind in kinds), 0

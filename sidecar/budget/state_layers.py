@@ -224,11 +224,6 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
     return None
 
 
-def models_state_of(model_type: str) -> bool:
-    """Whether the plan models the state layers of ``model_type``'s family (when its config has any)."""
-    return model_type in _GDN_TYPES | _MAMBA1_TYPES | _SHORT_CONV_TYPES or model_type in _MAMBA2_FIELDS
-
-
 def _mamba1_spec(cfg: Mapping[str, Any]) -> StateSpec:
     """Jamba's Mamba1 mixers (``jamba.py``: ``mamba1_state_shape`` of ``mamba_expand x hidden_size``)."""
     hidden = _field(cfg, "hidden_size")
