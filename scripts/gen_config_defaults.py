@@ -34,7 +34,8 @@ FIELDS = (
     "mamba_ssm_dtype", "mamba_d_ssm", "mamba_conv_bias", "mamba_proj_bias", "mamba_rms_norm",
     "projectors_bias", "attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset",
     "conv_L_cache", "conv_bias", "block_auto_adjust_ff_dim", "block_ffn_dim_multiplier", "block_multiple_of",
-    "num_dense_layers",
+    "num_dense_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "attention_k_eq_v",
+    "num_kv_shared_layers", "use_double_wide_mlp", "enable_moe_block", "top_k_experts",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

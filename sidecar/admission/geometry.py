@@ -63,6 +63,8 @@ class GroupLayout:
     chunk_cap: int = 0  # blocks a sequence holds at most in each of them
     state: int = 0  # recurrent-state groups (gated DeltaNet, Mamba2)
     state_blocks: int = 0  # blocks a sequence holds in each of them, whatever its length
+    full_scale: int = 1  # a full-attention group's block over ``block_size`` (unified pages: Gemma 4)
+    window_scale: int = 1  # a sliding-window group's block over ``block_size``
 
     @property
     def single(self) -> bool:
@@ -73,10 +75,20 @@ class GroupLayout:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
         whole = blocks_for(tokens, block_size)
         return (
-            self.full * whole
-            + self.sliding * min(whole, self.window_cap)
+            self.full * blocks_for(tokens, block_size * self.full_scale)
+            + self.sliding * min(blocks_for(tokens, block_size * self.window_scale), self.window_cap)
             + self.chunked * min(whole, self.chunk_cap)
             + (self.state * self.state_blocks if whole else 0)
+        )
+
+    def reserved_blocks(self, tokens: int, block_size: int) -> int:
+        """The blocks vLLM plans a ``tokens``-token request for (its ``kv_cache_max_concurrency`` figure).
+
+        A sliding group counts its whole cap, one more than the sequence holds when the window and what is in
+        flight span it (``SlidingWindowSpec.max_admission_blocks_per_request``, 0.15.0 to 0.32.0).
+        """
+        return self.blocks(tokens, block_size) + self.sliding * max(
+            0, self.window_cap - blocks_for(tokens, block_size * self.window_scale)
         )
 
 
@@ -108,14 +120,19 @@ def resolve_layout(
     predicted_window_cap: int | None = None,
     predicted_chunk_cap: int | None = None,
     predicted_state_blocks: int | None = None,
+    block_scales: tuple[int, int] = (1, 1),
 ) -> LayoutAnswer:
     """The layout from the engine's blocks per full-length request and the model's groups.
 
     ``groups`` counts the full-attention, sliding-window, chunked local-attention and (optionally) state
     groups. The engine's figure gives the cap of the one capped kind present; with more than one present,
-    the predicted caps must explain it exactly.
+    the predicted caps must explain it exactly. ``block_scales``: the full-attention and sliding-window
+    groups' blocks over ``block_size`` where vLLM unified unequal pages (:class:`GroupLayout`).
     """
     whole = math.ceil(max_model_len / block_size)
+    full_scale, window_scale = block_scales
+    whole_full = math.ceil(max_model_len / (block_size * full_scale))
+    whole_window = math.ceil(max_model_len / (block_size * window_scale))
     if groups is None:
         if engine_blocks is None or engine_blocks == whole:
             return LayoutAnswer(SINGLE_GROUP)
@@ -125,30 +142,26 @@ def resolve_layout(
             "a hybrid KV layout; give the sidecar the model's config (--model) so admission reads its layers",
         )
     full, sliding, chunked, state = (*groups, 0)[:4]
-    window = min(whole, predicted_window_cap) if predicted_window_cap else whole
+    # vLLM's sliding cap: never more than the whole request and one (the window need not start a block)
+    window = min(whole_window + 1, predicted_window_cap) if predicted_window_cap else whole_window
     chunk = min(whole, predicted_chunk_cap) if predicted_chunk_cap else whole
     predicted = GroupLayout(
         full, sliding, window if sliding else 0, chunked, chunk if chunked else 0,
-        state, (predicted_state_blocks or 1) if state else 0,
+        state, (predicted_state_blocks or 1) if state else 0, full_scale, window_scale,
     )  # fmt: skip
-    if engine_blocks is None or engine_blocks == predicted.blocks(max_model_len, block_size):
+    if engine_blocks is None or engine_blocks == predicted.reserved_blocks(max_model_len, block_size):
         return LayoutAnswer(predicted)
-    rest = engine_blocks - full * whole
+    rest = engine_blocks - full * whole_full
     capped = [count for count in (sliding, chunked, state) if count]
-    bounded = state or rest // max(1, sum(capped)) <= whole  # a state group's blocks do not follow the length
+    longest = (whole_window + 1) if sliding else whole  # a capped group never plans more than this
+    bounded = state or rest // max(1, sum(capped)) <= longest  # a state group's blocks do not follow length
     if len(capped) == 1 and rest > 0 and rest % capped[0] == 0 and bounded:
         cap = rest // capped[0]
-        return LayoutAnswer(
-            GroupLayout(
-                full,
-                sliding,
-                cap if sliding else 0,
-                chunked,
-                cap if chunked else 0,
-                state,
-                cap if state else 0,
-            )
-        )
+        read = GroupLayout(
+            full, sliding, cap if sliding else 0, chunked, cap if chunked else 0,
+            state, cap if state else 0, full_scale, window_scale,
+        )  # fmt: skip
+        return LayoutAnswer(read)
     return LayoutAnswer(
         None,
         f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, which {full} "

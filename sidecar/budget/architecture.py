@@ -27,6 +27,7 @@ from typing import Any
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
+from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers, unmodelled_features
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
 from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
@@ -101,11 +102,28 @@ class Architecture:
     parallel_state_layers: int = 0  # state mixers beside attention in the same layers (Falcon-H1)
     unmodelled_state: bool = False  # state layers the plan does not model (by the config or vLLM's registry)
     unmodelled_features: tuple[str, ...] = ()  # what of the config the plan leaves out (a note names them)
+    kv_shared_layers: int = 0  # trailing layers that read an earlier layer's KV (Gemma 3n and 4)
+    gemma4: Gemma4Layers | None = None  # Gemma 4's full-attention geometry, per-layer inputs, MoE block
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
-        """The kinds of every layer that draws on the pool: the layers', then parallel state mixers'."""
-        return self.layer_kinds + (LayerKind.STATE,) * self.parallel_state_layers
+        """Each layer's kind as the pool sees it (none where KV-shared), then parallel state mixers'."""
+        own = len(self.layer_kinds) - self.kv_shared_layers
+        shared = (LayerKind.NONE,) * (len(self.layer_kinds) - own)
+        return self.layer_kinds[:own] + shared + (LayerKind.STATE,) * self.parallel_state_layers
+
+    def full_attention_geometry(self) -> tuple[int, int]:
+        """The full-attention layers' (head size, KV heads): Gemma 4's own, else every layer's."""
+        if self.gemma4 is not None:
+            return self.gemma4.full_head_dim, self.gemma4.full_kv_heads
+        return self.head_dim, self.num_kv_heads
+
+    def full_kv_elements_per_token_per_layer(self, tensor_parallel_size: int) -> int:
+        """Cached elements one token adds to one full-attention layer on one GPU."""
+        if self.gemma4 is None:
+            return self.kv_elements_per_token_per_layer(tensor_parallel_size)
+        head_dim, kv_heads = self.full_attention_geometry()
+        return 2 * max(1, kv_heads // tensor_parallel_size) * head_dim
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
         """KV heads one GPU holds: split across tensor-parallel ranks, never below one (MLA: one)."""
@@ -286,7 +304,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         state=state if LayerKind.STATE in kinds or parallel else None,
         parallel_state_layers=parallel,
         unmodelled_state=unmodelled,
-        unmodelled_features=unmodelled_features(cfg, widths),
+        unmodelled_features=unmodelled_features(cfg, widths, model_type),
+        kv_shared_layers=kv_shared_layers(cfg, model_type, num_layers),
+        gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
         sliding_window=first_int(cfg, "sliding_window"),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,
@@ -309,20 +329,6 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
             [head_dim, rotary, max_positions, cfg.get("rope_theta"), _rope_parameters(cfg)], sort_keys=True
         ),
     )
-
-
-def unmodelled_features(cfg: Mapping[str, Any], widths: object) -> tuple[str, ...]:
-    """Features of a config the plan does not model (Gemma 3n's and Gemma 4's), for a note that says so."""
-    features = []
-    if isinstance(widths, list):
-        features.append("per-layer MLP widths (planned at their mean)")
-    if cfg.get("per_layer_config") or cfg.get("global_head_dim"):
-        features.append("per-layer head sizes")
-    if (first_int(cfg, "num_kv_shared_layers") or 0) > 0:
-        features.append("KV shared by the last num_kv_shared_layers layers")
-    if first_int(cfg, "hidden_size_per_layer_input"):
-        features.append("per-layer input embeddings")
-    return tuple(features)
 
 
 def _lfm2_mlp_width(cfg: Mapping[str, Any], intermediate: int) -> int:

@@ -34,6 +34,41 @@ def layer_kv_bytes_per_token(request: PlanRequest) -> float:
     return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
 
 
+@dataclass(frozen=True, slots=True)
+class KvPages:
+    """Bytes a token costs per layer kind, and the block each kind's groups use once vLLM unifies pages.
+
+    Every layer caches at the model's geometry except Gemma 4's full-attention layers (their own head size
+    and KV heads: :mod:`sidecar.budget.gemma4`). A block holds one page per layer of a group, and pages
+    must be one size: ``unify_kv_cache_spec_page_size`` (``vllm/v1/core/kv_cache_utils.py``, 0.32.0) gives
+    a layer whose page is smaller than the largest ``ratio x block_size`` tokens when the ratio is whole,
+    and pads its page otherwise (the real CPU server: a sliding page half the full one, 256-token sliding
+    blocks beside 128-token full ones; ``tests/e2e/test_gemma4.py``).
+    """
+
+    per_kind: dict[LayerKind, float]  # bytes one token costs in one layer of each attending kind
+    scales: dict[LayerKind, int]  # a kind's block over ``block_size`` (1 unless its page was smaller)
+    page_per_token: float  # the largest page's bytes per block token: what a group's block is sized by
+
+    def per_token(self, kinds: tuple[LayerKind, ...]) -> float:
+        """Bytes one token costs over ``kinds`` (state and KV-less layers: none)."""
+        return sum(self.per_kind[kind] for kind in kinds if kind.attends)
+
+
+def kv_pages(request: PlanRequest, kinds: tuple[LayerKind, ...], per_layer: float) -> KvPages:
+    """:class:`KvPages` for ``kinds`` (``per_layer``: :func:`layer_kv_bytes_per_token`)."""
+    arch, tp = request.architecture, request.tensor_parallel_size
+    base, full = arch.kv_elements_per_token_per_layer(tp), arch.full_kv_elements_per_token_per_layer(tp)
+    elements = {LayerKind.FULL: full, LayerKind.SLIDING: base, LayerKind.CHUNKED: base}
+    present = {kind for kind in kinds if kind.attends} or {LayerKind.FULL}
+    largest = max(elements[kind] for kind in present)
+    return KvPages(
+        per_kind={kind: per_layer * count / base for kind, count in elements.items()},
+        scales={kind: largest // count if largest % count == 0 else 1 for kind, count in elements.items()},
+        page_per_token=per_layer * largest / base,
+    )
+
+
 def kv_layer_kinds(request: PlanRequest) -> tuple[LayerKind, ...]:
     """The layer kinds the release sizes: chunked layers count as full ones where it does not group them."""
     arch, drafter = request.architecture, (LayerKind.FULL,) * drafter_kv_layers(request)  # MTP layers attend
@@ -95,15 +130,15 @@ def state_terms(request: PlanRequest, per_layer: float) -> StateTerms | None:
 def blocks_per_request(
     request: PlanRequest, kind: LayerKind, length: int, block: int, state: StateTerms | None
 ) -> int:
-    """Blocks one ``length``-token request holds in one group of ``kind``."""
+    """Blocks one ``length``-token request holds in one group of ``kind`` (``block``: that group's)."""
     full_blocks = math.ceil(length / block)
     window, chunk = request.architecture.sliding_window, request.architecture.attention_chunk_size
     if kind is LayerKind.STATE:
         return state.blocks_per_group if state else 0
     if kind is LayerKind.NONE:
         return 0
-    if kind is LayerKind.SLIDING and window:
-        return min(full_blocks, sliding_window_blocks(window, request.in_flight_tokens, length, block))
+    if kind is LayerKind.SLIDING and window:  # one more than the sequence's own when the window spans it
+        return sliding_window_blocks(window, request.in_flight_tokens, length, block)
     if kind is LayerKind.CHUNKED and chunk:
         return min(full_blocks, chunked_local_blocks(chunk, request.in_flight_tokens, length, block))
     return full_blocks
@@ -112,23 +147,26 @@ def blocks_per_request(
 def sequence_kv_bytes(
     request: PlanRequest,
     kinds: tuple[LayerKind, ...],
-    per_layer: float,
+    pages: KvPages,
     extra: float,
     state: StateTerms | None,
 ) -> float:
     """Bytes one full-length sequence holds on one GPU: its tokens in each layer, a state layer's pages."""
-    length = request.effective_max_model_len
-    held = sum(per_layer * tokens_held(kind, request.architecture, length) for kind in kinds) + extra * length
+    length, arch = request.effective_max_model_len, request.architecture
+    held = sum(pages.per_kind[kind] * tokens_held(kind, arch, length) for kind in kinds if kind.attends)
+    held += extra * length
     if state:  # each state layer holds its pages, padded to an attention page
-        held += state.layers * state.blocks_per_group * state.block_size * per_layer
+        held += state.layers * state.blocks_per_group * state.block_size * pages.page_per_token
     return held
 
 
-def full_request_blocks(request: PlanRequest, groups: KvGroups, state: StateTerms | None) -> int:
+def full_request_blocks(
+    request: PlanRequest, groups: KvGroups, state: StateTerms | None, pages: KvPages
+) -> int:
     """Blocks one full-length request holds over every group (``get_max_concurrency_for_kv_cache_config``)."""
     length, block = request.effective_max_model_len, state.block_size if state else request.block_size
     return sum(
-        count * blocks_per_request(request, kind, length, block, state)
+        count * blocks_per_request(request, kind, length, block * pages.scales.get(kind, 1), state)
         for kind, count in (
             (LayerKind.FULL, groups.full),
             (LayerKind.SLIDING, groups.sliding),

@@ -36,12 +36,15 @@ from enum import StrEnum
 from typing import Any
 
 from sidecar.budget.config_fields import first_int
+from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.moe import LLAMA4_TYPES
 
 _QWEN_WINDOW_TYPES = frozenset(
     {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
 )  # use_sliding_window decides (off in every published checkpoint); windows from max_window_layers on
 _GEMMA3_TYPES = frozenset({"gemma3", "gemma3_text"})
+GEMMA4_PATTERN = 6
+"""Gemma 4's window pattern, fixed in ``Gemma4TextConfig.__post_init__`` (the config is not read)."""
 _DEFAULT_GEMMA3_PATTERN = 6
 _LLAMA4_NO_ROPE_INTERVAL = 4  # Llama4TextConfig.no_rope_layer_interval's default
 _LLAMA4_CHUNK_DEFAULT = 8192  # Llama4TextConfig.attention_chunk_size's default
@@ -124,6 +127,11 @@ def layer_kinds(  # noqa: PLR0911 - one return per family rule reads best
     if model_type in LLAMA4_TYPES:
         return _llama4_layer_kinds(cfg, num_layers, attention_chunk_size(cfg, model_type))
     declared = _declared_kinds(cfg, model_type, num_layers)
+    if model_type in GEMMA4_TYPES:  # Gemma4TextConfig.__post_init__: 5:1 unless listed, the last layer full
+        listed = declared or tuple(
+            LayerKind.SLIDING if (i + 1) % GEMMA4_PATTERN else LayerKind.FULL for i in range(num_layers)
+        )
+        return (*listed[:-1], LayerKind.FULL)
     if declared is not None:
         return declared
     window = first_int(cfg, "sliding_window")

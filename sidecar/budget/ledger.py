@@ -52,6 +52,7 @@ from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.kv_terms import (
     full_request_blocks,
     kv_layer_kinds,
+    kv_pages,
     layer_kv_bytes_per_token,
     reported_pool_tokens,
     sequence_kv_bytes,
@@ -276,9 +277,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_layer = layer_kv_bytes_per_token(request)
     kinds, extra = kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
     state = state_terms(request, per_layer)
-    block = state.block_size if state else request.block_size
-    per_token = sum(per_layer for kind in kinds if kind.attends) + extra
-    per_sequence = sequence_kv_bytes(request, kinds, per_layer, extra, state)
+    block, pages = state.block_size if state else request.block_size, kv_pages(request, kinds, per_layer)
+    per_token = pages.per_token(kinds) + extra
+    per_sequence = sequence_kv_bytes(request, kinds, pages, extra, state)
     params = parameter_count(arch)
     loaded = loaded_weights_per_gpu(request, params)
     offload = cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded))
@@ -293,13 +294,13 @@ def build_ledger(request: PlanRequest) -> Ledger:
     block_bytes = block * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
     groups = kv_groups(kinds)
-    group_block_bytes = block * (per_layer * groups.layers_per_group + extra)
+    group_block_bytes = block * (pages.page_per_token * groups.layers_per_group + extra)
     pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)
     pool = max(0, requested - sum(profile.values())) if pool_override is None else pool_override
     num_blocks = int(pool // block_bytes) if block_bytes else 0
-    request_blocks = full_request_blocks(request, groups, state)
+    request_blocks = full_request_blocks(request, groups, state, pages)
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
     if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None and not state:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
+from sidecar.budget.gemma4 import GEMMA4_TYPES
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
@@ -88,6 +89,16 @@ def moe_from_config(
             dense_intermediate_size=(
                 first_int(cfg, "intermediate_size_mlp") or LLAMA4_DENSE_INTERMEDIATE_DEFAULT
             ),
+        )
+    if model_type in GEMMA4_TYPES:  # the MoE block runs beside each layer's dense MLP (budget.gemma4)
+        if not cfg.get("enable_moe_block"):
+            return None
+        return MoeSpec(
+            num_experts=experts,
+            experts_per_token=first_int(cfg, "top_k_experts") or 1,
+            expert_intermediate_size=expert_size,
+            shared_experts=1,
+            shared_intermediate_size=intermediate_size,
         )
     moe_layers = None
     if model_type == "nemotron_h":  # only its "E" (transformers 5: "moe") blocks hold experts

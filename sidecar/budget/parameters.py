@@ -13,6 +13,7 @@ transformers builds from every corpus config.
 
 from __future__ import annotations
 
+from sidecar.budget import gemma4
 from sidecar.budget.architecture import Architecture, MlaSpec
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.state_layers import QWEN_GATED_ATTENTION_TYPES
@@ -76,8 +77,27 @@ def _norm_parameters(arch: Architecture) -> int:
     return 2 * arch.hidden_size if arch.norm_bias else arch.hidden_size
 
 
+def _gemma4_layer_parameters(arch: Architecture, spec: gemma4.Gemma4Layers, layer: int) -> int:
+    """A Gemma 4 layer (:mod:`sidecar.budget.gemma4`): attention, MLP, MoE block, four norms."""
+    hidden, full = arch.hidden_size, arch.layer_kinds[layer] is LayerKind.FULL
+    shared = layer >= arch.num_layers - arch.kv_shared_layers
+    geometry = arch.full_attention_geometry() if full else (arch.head_dim, arch.num_kv_heads)
+    attention = gemma4.attention_parameters(
+        spec, hidden, arch.num_attention_heads, geometry, full=full, shared=shared
+    )
+    width = arch.intermediate_size * (2 if shared and spec.double_wide_shared_mlp else 1)
+    mlp = _GATED_MLP_MATRICES * hidden * width
+    moe = arch.moe
+    if moe is not None:
+        experts = moe.num_experts * _GATED_MLP_MATRICES * hidden * moe.expert_intermediate_size
+        mlp += experts + hidden * moe.num_experts + gemma4.moe_block_extras(moe.num_experts, hidden)
+    return attention + mlp + 4 * hidden
+
+
 def layer_parameter_count(arch: Architecture, layer: int) -> int:
     """Parameters of decoder layer ``layer``: attention (or a state mixer), its MLP or MoE, its norms."""
+    if arch.gemma4 is not None:
+        return _gemma4_layer_parameters(arch, arch.gemma4, layer)
     norm = _norm_parameters(arch)
     kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
     state = arch.state if kind is LayerKind.STATE else None
@@ -93,6 +113,8 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
 def computed_parameter_count(arch: Architecture) -> int:
     """Total parameters of the language model described by ``arch``."""
     layers = sum(layer_parameter_count(arch, i) for i in range(arch.num_layers))
+    if arch.gemma4 is not None:  # Gemma 4's per-layer input embeddings
+        layers += gemma4.per_layer_input_parameters(arch.gemma4, arch.hidden_size, arch.num_layers)
     return embedding_parameter_count(arch) + layers + _norm_parameters(arch) + (arch.vision_parameters or 0)
 
 

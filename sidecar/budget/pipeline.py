@@ -102,7 +102,8 @@ def pipeline_stages(
     rope = rope_cache_bytes(request)  # every stage holds all of it
     body = layer_weight_bytes(request, loaded)  # layers, vision: each stage offloads from its own share
     forward = estimate_activation_bytes(request, samples=False)
-    kv_layers = [kind is not LayerKind.NONE for kind in arch.layer_kinds]
+    own_kv = arch.kv_kinds[: len(arch.layer_kinds)]  # a KV-shared layer (Gemma 3n/4) holds none
+    kv_layers = [kind is not LayerKind.NONE for kind in own_kv]
     drafter_kv = drafter_kv_layers(request)  # an MTP drafter's layers attend on the last stage
     counts = stage_layer_counts(len(kv_layers), request.pipeline_parallel_size)
     out: list[PipelineStage] = []

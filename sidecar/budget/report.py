@@ -91,6 +91,10 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "layers": arch.num_layers,
         "kv_heads": arch.num_kv_heads,
         "head_dim": arch.head_dim,
+        # Gemma 4: full-attention layers' own (head size, KV heads); KV-shared layers hold no KV (Gemma 3n/4)
+        "full_attention_head_dim": arch.full_attention_geometry()[0],
+        "full_attention_kv_heads": arch.full_attention_geometry()[1],
+        "kv_shared_layers": arch.kv_shared_layers,
     }
 
 

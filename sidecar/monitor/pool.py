@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from sidecar.admission.geometry import LayoutAnswer, PoolView, engine_blocks_per_request, resolve_layout
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
-from sidecar.budget.kv_terms import layer_kv_bytes_per_token, state_terms
+from sidecar.budget.kv_terms import kv_pages, layer_kv_bytes_per_token, state_terms
+from sidecar.budget.layer_kinds import LayerKind
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
 
@@ -41,14 +42,17 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     arch = request.architecture
     groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
-    state = state_terms(request, layer_kv_bytes_per_token(request))
+    per_layer = layer_kv_bytes_per_token(request)
+    state, scales = state_terms(request, per_layer), kv_pages(request, arch.kv_kinds, per_layer).scales
+    window_block = block_size * scales[LayerKind.SLIDING]
     return resolve_layout(
         block_size=block_size,
         max_model_len=max_model_len,
         engine_blocks=engine_blocks,
         groups=(groups.full, groups.sliding, groups.chunked, groups.state),
         predicted_state_blocks=state.blocks_per_group if state else None,
-        predicted_window_cap=sliding_window_blocks(window, in_flight, max_model_len, block_size)
+        block_scales=(scales[LayerKind.FULL], scales[LayerKind.SLIDING]),
+        predicted_window_cap=sliding_window_blocks(window, in_flight, max_model_len, window_block)
         if window
         else None,
         predicted_chunk_cap=chunked_local_blocks(chunk, in_flight, max_model_len, block_size)

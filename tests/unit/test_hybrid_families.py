@@ -286,7 +286,6 @@ def test_jamba_s_mamba1_state_takes_no_draft_tokens() -> None:
     ("extra", "feature"),
     [
         pytest.param({"intermediate_size": [256, 512]}, "per-layer MLP widths", id="gemma3n-widths"),
-        pytest.param({"num_kv_shared_layers": 1}, "KV shared by the last", id="gemma3n-shared-kv"),
         pytest.param(
             {"hidden_size_per_layer_input": 64}, "per-layer input embeddings", id="per-layer-inputs"
         ),

@@ -101,7 +101,7 @@ def test_a_sequence_holds_blocks_in_every_group(layout: GroupLayout, tokens: int
         (None, None, None, SINGLE_GROUP),  # an engine that does not say: one group, as before
         (12, (1, 1, 0), None, GroupLayout(1, 1, 4)),  # the tiny hybrid server: the cap from the engine
         (None, (1, 1, 0), 4, GroupLayout(1, 1, 4)),  # no engine figure: the prediction's cap
-        (None, (1, 1, 0), 20, GroupLayout(1, 1, 8)),  # never more than the whole request
+        (None, (1, 1, 0), 20, GroupLayout(1, 1, 9)),  # never more than vLLM's: the whole request and one
         (8, (1, 0, 0), None, SINGLE_GROUP),
         (32, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 8)),  # Llama-4-Scout's four groups of 12 layers
         (20, (1, 0, 3), None, GroupLayout(1, 0, 0, 3, 4)),  # a chunk shorter than the request
