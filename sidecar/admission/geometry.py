@@ -63,8 +63,8 @@ class GroupLayout:
     chunk_cap: int = 0  # blocks a sequence holds at most in each of them
     state: int = 0  # recurrent-state groups (gated DeltaNet, Mamba2)
     state_blocks: int = 0  # blocks a sequence holds in each of them, whatever its length
-    full_scale: int = 1  # a full-attention group's block over ``block_size`` (unified pages: Gemma 4)
-    window_scale: int = 1  # a sliding-window group's block over ``block_size``
+    full_block: int = 0  # tokens a full-attention group's block holds, when not ``block_size`` (Gemma 4)
+    window_block: int = 0  # tokens a sliding-window group's block holds, when not ``block_size``
 
     @property
     def single(self) -> bool:
@@ -75,8 +75,8 @@ class GroupLayout:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
         whole = blocks_for(tokens, block_size)
         return (
-            self.full * blocks_for(tokens, block_size * self.full_scale)
-            + self.sliding * min(blocks_for(tokens, block_size * self.window_scale), self.window_cap)
+            self.full * blocks_for(tokens, self.full_block or block_size)
+            + self.sliding * min(blocks_for(tokens, self.window_block or block_size), self.window_cap)
             + self.chunked * min(whole, self.chunk_cap)
             + (self.state * self.state_blocks if whole else 0)
         )
@@ -88,7 +88,7 @@ class GroupLayout:
         flight span it (``SlidingWindowSpec.max_admission_blocks_per_request``, 0.15.0 to 0.32.0).
         """
         return self.blocks(tokens, block_size) + self.sliding * max(
-            0, self.window_cap - blocks_for(tokens, block_size * self.window_scale)
+            0, self.window_cap - blocks_for(tokens, self.window_block or block_size)
         )
 
 
@@ -120,19 +120,19 @@ def resolve_layout(
     predicted_window_cap: int | None = None,
     predicted_chunk_cap: int | None = None,
     predicted_state_blocks: int | None = None,
-    block_scales: tuple[int, int] = (1, 1),
+    group_blocks: tuple[int, int] = (0, 0),
 ) -> LayoutAnswer:
     """The layout from the engine's blocks per full-length request and the model's groups.
 
     ``groups`` counts the full-attention, sliding-window, chunked local-attention and (optionally) state
     groups. The engine's figure gives the cap of the one capped kind present; with more than one present,
-    the predicted caps must explain it exactly. ``block_scales``: the full-attention and sliding-window
-    groups' blocks over ``block_size`` where vLLM unified unequal pages (:class:`GroupLayout`).
+    the predicted caps must explain it exactly. ``group_blocks``: the tokens a full-attention and a
+    sliding-window group's block hold where vLLM unified unequal pages (0: ``block_size``).
     """
     whole = math.ceil(max_model_len / block_size)
-    full_scale, window_scale = block_scales
-    whole_full = math.ceil(max_model_len / (block_size * full_scale))
-    whole_window = math.ceil(max_model_len / (block_size * window_scale))
+    full_block, window_block = (0 if tokens == block_size else tokens for tokens in group_blocks)
+    whole_full = math.ceil(max_model_len / (full_block or block_size))
+    whole_window = math.ceil(max_model_len / (window_block or block_size))
     if groups is None:
         if engine_blocks is None or engine_blocks == whole:
             return LayoutAnswer(SINGLE_GROUP)
@@ -147,7 +147,7 @@ def resolve_layout(
     chunk = min(whole, predicted_chunk_cap) if predicted_chunk_cap else whole
     predicted = GroupLayout(
         full, sliding, window if sliding else 0, chunked, chunk if chunked else 0,
-        state, (predicted_state_blocks or 1) if state else 0, full_scale, window_scale,
+        state, (predicted_state_blocks or 1) if state else 0, full_block, window_block,
     )  # fmt: skip
     if engine_blocks is None or engine_blocks == predicted.reserved_blocks(max_model_len, block_size):
         return LayoutAnswer(predicted)
@@ -159,7 +159,7 @@ def resolve_layout(
         cap = rest // capped[0]
         read = GroupLayout(
             full, sliding, cap if sliding else 0, chunked, cap if chunked else 0,
-            state, cap if state else 0, full_scale, window_scale,
+            state, cap if state else 0, full_block, window_block,
         )  # fmt: skip
         return LayoutAnswer(read)
     return LayoutAnswer(

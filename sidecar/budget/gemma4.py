@@ -25,7 +25,7 @@ Read in transformers 5.19 (``models/gemma4/configuration_gemma4.py``, ``Gemma4Te
   ``moe_intermediate_size``, ``top_k_experts`` of them per token, and three more norms.
 
 Full-attention layers with a page larger or smaller than the sliding layers' make vLLM scale the smaller
-page's block size (:func:`sidecar.budget.kv_terms.block_scales`).
+page's block size (:class:`sidecar.budget.kv_terms.KvPages`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_elem
 from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.speculative import drafter_kv_layers
-from sidecar.budget.state_layers import StateRules, hybrid_block_size
+from sidecar.budget.state_layers import KERNEL_BLOCK, StateRules, hybrid_block_size
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -39,33 +39,48 @@ class KvPages:
     """Bytes a token costs per layer kind, and the block each kind's groups use once vLLM unifies pages.
 
     Every layer caches at the model's geometry except Gemma 4's full-attention layers (their own head size
-    and KV heads: :mod:`sidecar.budget.gemma4`). A block holds one page per layer of a group, and pages
-    must be one size: ``unify_kv_cache_spec_page_size`` (``vllm/v1/core/kv_cache_utils.py``, 0.32.0) gives
-    a layer whose page is smaller than the largest ``ratio x block_size`` tokens when the ratio is whole,
-    and pads its page otherwise (the real CPU server: a sliding page half the full one, 256-token sliding
-    blocks beside 128-token full ones; ``tests/e2e/test_gemma4.py``).
+    and KV heads: :mod:`sidecar.budget.gemma4`). A block holds one page per layer of a group, and pages must
+    be one size: ``unify_kv_cache_spec_page_size`` (``vllm/v1/core/kv_cache_utils.py``, 0.24.0 to 0.32.0)
+    gives a layer whose page is smaller than the largest ``ratio x`` its block when the ratio is whole, and
+    pads its page otherwise. A sliding-window layer starts from ``block_size`` tokens, except in 0.25.0 to
+    0.29.x, where it starts from the attention kernel's smallest block, 16 on GPUs
+    (``Attention.get_kv_cache_spec``: ``_largest_kernel_block_within`` with no page budget; from 0.30.0 the
+    budget is ``block_size`` tokens' page). Equal geometries end at ``block_size`` either way; Gemma 4's
+    do not (the real CPU server, 0.32: a sliding page half the full one gives 256-token sliding blocks
+    beside 128-token full ones, ``tests/e2e/test_gemma4.py``; the 0.29 L40S boots of Gemma 4 26B-A4B at
+    ``--block-size`` 48 and 16, ``kv-arithmetic.json``).
     """
 
     per_kind: dict[LayerKind, float]  # bytes one token costs in one layer of each attending kind
-    scales: dict[LayerKind, int]  # a kind's block over ``block_size`` (1 unless its page was smaller)
-    page_per_token: float  # the largest page's bytes per block token: what a group's block is sized by
+    blocks: dict[LayerKind, int]  # tokens a block of each attending kind's groups holds
+    page_bytes: float  # the largest page: what one layer's share of a block is sized by
 
     def per_token(self, kinds: tuple[LayerKind, ...]) -> float:
         """Bytes one token costs over ``kinds`` (state and KV-less layers: none)."""
         return sum(self.per_kind[kind] for kind in kinds if kind.attends)
 
 
-def kv_pages(request: PlanRequest, kinds: tuple[LayerKind, ...], per_layer: float) -> KvPages:
-    """:class:`KvPages` for ``kinds`` (``per_layer``: :func:`layer_kv_bytes_per_token`)."""
+def kv_pages(request: PlanRequest, kinds: tuple[LayerKind, ...], per_layer: float, block: int) -> KvPages:
+    """:class:`KvPages` for ``kinds`` at ``block`` tokens a block (raised for state layers).
+
+    ``per_layer``: :func:`layer_kv_bytes_per_token`.
+    """
     arch, tp = request.architecture, request.tensor_parallel_size
     base, full = arch.kv_elements_per_token_per_layer(tp), arch.full_kv_elements_per_token_per_layer(tp)
     elements = {LayerKind.FULL: full, LayerKind.SLIDING: base, LayerKind.CHUNKED: base}
+    start = dict.fromkeys(elements, block)
+    if request.release.sliding_block_starts_at_kernel_minimum():
+        start[LayerKind.SLIDING] = KERNEL_BLOCK
+    pages = {kind: start[kind] * elements[kind] for kind in elements}
     present = {kind for kind in kinds if kind.attends} or {LayerKind.FULL}
-    largest = max(elements[kind] for kind in present)
+    largest = max(pages[kind] for kind in present)
     return KvPages(
         per_kind={kind: per_layer * count / base for kind, count in elements.items()},
-        scales={kind: largest // count if largest % count == 0 else 1 for kind, count in elements.items()},
-        page_per_token=per_layer * largest / base,
+        blocks={
+            kind: start[kind] * (largest // page if largest % page == 0 else 1)
+            for kind, page in pages.items()
+        },
+        page_bytes=per_layer * largest / base,
     )
 
 
@@ -156,7 +171,7 @@ def sequence_kv_bytes(
     held = sum(pages.per_kind[kind] * tokens_held(kind, arch, length) for kind in kinds if kind.attends)
     held += extra * length
     if state:  # each state layer holds its pages, padded to an attention page
-        held += state.layers * state.blocks_per_group * state.block_size * pages.page_per_token
+        held += state.layers * state.blocks_per_group * pages.page_bytes
     return held
 
 
@@ -166,7 +181,7 @@ def full_request_blocks(
     """Blocks one full-length request holds over every group (``get_max_concurrency_for_kv_cache_config``)."""
     length, block = request.effective_max_model_len, state.block_size if state else request.block_size
     return sum(
-        count * blocks_per_request(request, kind, length, block * pages.scales.get(kind, 1), state)
+        count * blocks_per_request(request, kind, length, pages.blocks.get(kind, block), state)
         for kind, count in (
             (LayerKind.FULL, groups.full),
             (LayerKind.SLIDING, groups.sliding),

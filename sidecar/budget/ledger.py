@@ -277,7 +277,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_layer = layer_kv_bytes_per_token(request)
     kinds, extra = kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
     state = state_terms(request, per_layer)
-    block, pages = state.block_size if state else request.block_size, kv_pages(request, kinds, per_layer)
+    block = state.block_size if state else request.block_size
+    pages = kv_pages(request, kinds, per_layer, block)
     per_token = pages.per_token(kinds) + extra
     per_sequence = sequence_kv_bytes(request, kinds, pages, extra, state)
     params = parameter_count(arch)
@@ -294,7 +295,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     block_bytes = block * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
     groups = kv_groups(kinds)
-    group_block_bytes = block * (pages.page_per_token * groups.layers_per_group + extra)
+    group_block_bytes = pages.page_bytes * groups.layers_per_group + block * extra
     pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)

@@ -38,6 +38,11 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   speculative method, an executor without support, or PP with the V1 runner) except on the CPU
   platform, which turns it off (``vllm/platforms/cpu.py``; this project's CPU server reports one batch).
   Before 0.26 the cap adds one batch.
+* **A sliding-window layer's block starts at the attention kernel's smallest in 0.25.0-0.29.x**
+  (``Attention.get_kv_cache_spec``, ``_largest_kernel_block_within`` called without a page budget: 16 on
+  GPUs), at ``block_size`` before and from 0.30.0 (the budget is ``block_size`` tokens' page); pages are then
+  unified (:class:`sidecar.budget.kv_terms.KvPages`). It changes nothing where full and sliding layers cache
+  alike, and Gemma 4's pool where they do not (the five 0.29 L40S boots in ``kv-arithmetic.json``).
 * **Non-torch memory** is about 0.25 GiB per GPU at TP 1 and grows by about 1.8 GiB at TP >= 2 from 0.11
   on Hopper and data-centre Blackwell GPUs (communication buffers that exist only on compute capability
   9.0-10.x): figures read off the "non-torch forward increase memory" that the calibration table's vLLM 0.19
@@ -161,6 +166,10 @@ class VllmRelease:
     def batches_in_flight(self, *, async_scheduling: bool) -> int:
         """How many batches of tokens a sliding-window cap adds: 2 with async scheduling from 0.26, else 1."""
         return 2 if async_scheduling and self.at_least(26) else 1
+
+    def sliding_block_starts_at_kernel_minimum(self) -> bool:
+        """Whether a sliding layer's block starts at the kernel's smallest (0.25.0-0.29.x; ``KvPages``)."""
+        return self.at_least(25) and not self.at_least(30)
 
     def subtracts_cuda_graphs(self, *, enforce_eager: bool) -> bool:
         """Whether the CUDA-graph estimate comes off the KV budget (0.20.0 on, unless eager)."""

@@ -43,15 +43,15 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
     per_layer = layer_kv_bytes_per_token(request)
-    state, scales = state_terms(request, per_layer), kv_pages(request, arch.kv_kinds, per_layer).scales
-    window_block = block_size * scales[LayerKind.SLIDING]
+    state, pages = state_terms(request, per_layer), kv_pages(request, arch.kv_kinds, per_layer, block_size)
+    full_block, window_block = pages.blocks[LayerKind.FULL], pages.blocks[LayerKind.SLIDING]
     return resolve_layout(
         block_size=block_size,
         max_model_len=max_model_len,
         engine_blocks=engine_blocks,
         groups=(groups.full, groups.sliding, groups.chunked, groups.state),
         predicted_state_blocks=state.blocks_per_group if state else None,
-        block_scales=(scales[LayerKind.FULL], scales[LayerKind.SLIDING]),
+        group_blocks=(full_block, window_block),
         predicted_window_cap=sliding_window_blocks(window, in_flight, max_model_len, window_block)
         if window
         else None,

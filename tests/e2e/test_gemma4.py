@@ -61,11 +61,11 @@ def test_the_pool_is_planned_as_the_engine_sizes_it(engine: tuple[Path, Any], mo
     run, request = runs[model], _plan(root / model)
     ledger = build_ledger(request)
     kinds = request.architecture.kv_kinds
-    groups, pages = kv_groups(kinds), kv_pages(request, kinds, layer_kv_bytes_per_token(request))
+    groups, pages = kv_groups(kinds), kv_pages(request, kinds, layer_kv_bytes_per_token(request), 128)
     assert (groups.full + groups.sliding, ledger.block_size) == (len(run["groups"]), run["block_size"])
     for group in run["groups"]:  # each group's block: 128 tokens, or more where its page was the smaller
         kind = request.architecture.layer_kinds[_layer_index(group["layers"][0])]
-        assert group["block_size"] == 128 * pages.scales[kind], group
+        assert group["block_size"] == pages.blocks[kind], group
     assert ledger.kv_pool_blocks == run["num_blocks"]
     assert ledger.max_concurrency == round(run["max_concurrency"], 2)
 
@@ -89,20 +89,20 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
     root, runs = engine
     run, request = runs[model], _plan(root / model)
     kinds = request.architecture.kv_kinds
-    groups, scales = kv_groups(kinds), kv_pages(request, kinds, layer_kv_bytes_per_token(request)).scales
+    groups, blocks = kv_groups(kinds), kv_pages(request, kinds, layer_kv_bytes_per_token(request), 128).blocks
     shape = (groups.full, groups.sliding, groups.chunked)
-    block_scales = (scales[LayerKind.FULL], scales[LayerKind.SLIDING])
+    group_blocks = (blocks[LayerKind.FULL], blocks[LayerKind.SLIDING])
     engine_blocks = engine_blocks_per_request(run["num_blocks"], run["max_concurrency"])
     from_engine = resolve_layout(
         block_size=128,
         max_model_len=512,
         engine_blocks=engine_blocks,
         groups=shape,
-        block_scales=block_scales,
+        group_blocks=group_blocks,
     ).layout
-    window = sliding_window_blocks(64, request.in_flight_tokens, 512, 128 * block_scales[1])
+    window = sliding_window_blocks(64, request.in_flight_tokens, 512, group_blocks[1])
     predicted = resolve_layout(
-        block_size=128, max_model_len=512, engine_blocks=None, groups=shape, block_scales=block_scales,
+        block_size=128, max_model_len=512, engine_blocks=None, groups=shape, group_blocks=group_blocks,
         predicted_window_cap=window,
     ).layout  # fmt: skip
     assert from_engine == predicted

@@ -15,6 +15,7 @@ import pytest
 
 from sidecar.admission.geometry import GroupLayout, resolve_layout
 from sidecar.budget.architecture import architecture_from_config
+from sidecar.budget.kv_terms import kv_pages, layer_kv_bytes_per_token
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
@@ -68,17 +69,17 @@ def test_parameters_are_transformers(config: dict[str, Any], parameters: int) ->
 
 
 @pytest.mark.parametrize(
-    ("config", "blocks", "concurrency", "block_scales"),
+    ("config", "blocks", "concurrency", "group_blocks"),
     [
-        pytest.param(PLAIN, 16_384, 862.32, (1, 2), id="full-page-twice"),  # sliding blocks of 256
-        pytest.param(KEYS_ARE_VALUES, 32_768, 1_129.93, (1, 1), id="equal-pages"),
-        pytest.param(SMALL_FULL, 32_768, 1_213.63, (2, 1), id="full-page-half"),  # full blocks of 256
-        pytest.param(SHARED, 16_384, 862.32, (1, 2), id="kv-shared-layers-hold-none"),
-        pytest.param(MOE, 32_768, 1_129.93, (1, 1), id="moe"),
+        pytest.param(PLAIN, 16_384, 862.32, (128, 256), id="full-page-twice"),  # sliding blocks of 256
+        pytest.param(KEYS_ARE_VALUES, 32_768, 1_129.93, (128, 128), id="equal-pages"),
+        pytest.param(SMALL_FULL, 32_768, 1_213.63, (256, 128), id="full-page-half"),  # full blocks of 256
+        pytest.param(SHARED, 16_384, 862.32, (128, 256), id="kv-shared-layers-hold-none"),
+        pytest.param(MOE, 32_768, 1_129.93, (128, 128), id="moe"),
     ],
 )
 def test_the_pool_is_the_engines(
-    config: dict[str, Any], blocks: int, concurrency: float, block_scales: tuple[int, int]
+    config: dict[str, Any], blocks: int, concurrency: float, group_blocks: tuple[int, int]
 ) -> None:
     """The largest page sizes a block; a smaller page's layers hold ``ratio x 128`` tokens per block."""
     request = PlanRequest(
@@ -88,6 +89,33 @@ def test_the_pool_is_the_engines(
     ledger = build_ledger(request)
     assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, blocks, concurrency)
     assert not any(note.startswith("not modelled for this config:") for note in ledger.notes)
+    assert _group_blocks(request) == group_blocks
+
+
+def _group_blocks(request: PlanRequest) -> tuple[int, int]:
+    kinds = request.architecture.kv_kinds
+    blocks = kv_pages(request, kinds, layer_kv_bytes_per_token(request), request.block_size).blocks
+    return blocks[LayerKind.FULL], blocks[LayerKind.SLIDING]
+
+
+@pytest.mark.parametrize(
+    ("version", "block_size", "group_blocks"),
+    [
+        pytest.param("0.29.0", 128, (128, 64), id="0.29-sliding-from-16"),  # 16 x 4: the full page is 4x
+        pytest.param("0.30.0", 128, (256, 128), id="0.30-sliding-from-block-size"),
+        pytest.param("0.24.0", 128, (256, 128), id="0.24-before-the-kernel-minimum"),
+        pytest.param("0.29.0", 48, (48, 16), id="0.29-padded"),  # a 16-token sliding page padded to 48's
+    ],
+)
+def test_a_sliding_block_starts_at_the_kernels_smallest_in_0_25_to_0_29(
+    version: str, block_size: int, group_blocks: tuple[int, int]
+) -> None:
+    """``SMALL_FULL``: a full page half the sliding one at the same block size."""
+    request = PlanRequest(
+        architecture_from_config(SMALL_FULL), 24 * GIB, max_model_len=512, block_size=block_size,
+        vllm_version=version,
+    )  # fmt: skip
+    assert _group_blocks(request) == group_blocks
 
 
 def test_kv_per_token_counts_each_kind_at_its_geometry() -> None:
@@ -144,9 +172,9 @@ def test_a_window_that_spans_the_request_plans_one_block_more() -> None:
 @pytest.mark.parametrize(
     ("layout", "tokens", "held", "reserved"),
     [
-        pytest.param(GroupLayout(1, 5, 3, window_scale=2), 512, 4 + 5 * 2, 4 + 5 * 3, id="sliding-blocks-of-256"),
-        pytest.param(GroupLayout(1, 5, 3, window_scale=2), 200, 2 + 5 * 1, 2 + 5 * 3, id="short"),
-        pytest.param(GroupLayout(1, 5, 5, full_scale=2), 512, 2 + 5 * 4, 2 + 5 * 5, id="full-blocks-of-256"),
+        pytest.param(GroupLayout(1, 5, 3, window_block=256), 512, 4 + 5 * 2, 4 + 5 * 3, id="sliding-blocks-of-256"),
+        pytest.param(GroupLayout(1, 5, 3, window_block=256), 200, 2 + 5 * 1, 2 + 5 * 3, id="short"),
+        pytest.param(GroupLayout(1, 5, 5, full_block=256), 512, 2 + 5 * 4, 2 + 5 * 5, id="full-blocks-of-256"),
     ],
 )  # fmt: skip
 def test_group_blocks_follow_each_groups_block(
@@ -158,6 +186,6 @@ def test_group_blocks_follow_each_groups_block(
 def test_admission_reads_the_engines_figure_with_scaled_blocks() -> None:
     """``plain`` reports 16,384 blocks and 862.32 sequences: 19 blocks, one full group of 4 and five of 3."""
     answer = resolve_layout(
-        block_size=128, max_model_len=512, engine_blocks=19, groups=(1, 5, 0), block_scales=(1, 2)
+        block_size=128, max_model_len=512, engine_blocks=19, groups=(1, 5, 0), group_blocks=(128, 256)
     )
-    assert answer.layout == GroupLayout(1, 5, 3, window_scale=2)
+    assert answer.layout == GroupLayout(1, 5, 3, window_block=256)

@@ -10,7 +10,9 @@ release reports tokens) apart from the memory profile, which ``test_calibration.
 * ``kv-arithmetic.json``: boots whose memory profile is not plannable from the log (NVFP4 weights, a vision
   profile) but whose KV arithmetic is, such as a hybrid DeltaNet model on an RTX 5090 (vLLM 0.24.0, two
   boots): its 2,096-token blocks, four KV cache groups and two blocks per DeltaNet group with prefix caching
-  give the 567,978 and 569,878 tokens and 4.33x and 4.35x it logged.
+  give the 567,978 and 569,878 tokens and 4.33x and 4.35x it logged; and Gemma 4 26B-A4B on an L40S (vLLM
+  0.29.0, five boots; the table lacks the checkpoint's own config.json): full-attention pages of another size
+  than the sliding ones, unified as 0.29 does, at 16-, 48- and 128-token blocks and with FP8 KV.
 
 The bound is the log's own rounding: X has two decimals (half of 0.01 GiB of X), and a block more or less.
 """
@@ -46,6 +48,8 @@ def _extra_ledger(row: dict[str, Any]) -> Ledger:
         tensor_parallel_size=row["tensor_parallel_size"], kv_cache_dtype=row["kv_cache_dtype"],
         block_size=row["block_size"], enable_prefix_caching=row["enable_prefix_caching"],
         vllm_version=row["vllm_version"], kv_cache_memory_bytes=round(row["available_kv_gib"] * GIB),
+        max_num_batched_tokens=row.get("max_num_batched_tokens"), max_num_seqs=row.get("max_num_seqs"),
+        async_scheduling=row.get("async_scheduling", True),
     )  # fmt: skip  # the GPU's size plays no part once the pool is given
     return build_ledger(request)
 
@@ -73,7 +77,10 @@ def test_boots_whose_profile_is_not_plannable_check_their_kv_arithmetic(row: dic
         ledger.kv_pool_tokens,
         row["kv_cache_tokens"],
     )
-    assert ledger.max_concurrency == pytest.approx(row["max_concurrency"], abs=0.006)  # printed to 2 decimals
+    bound = (
+        _bound(ledger, row["available_kv_gib"]) * row["max_concurrency"] + 0.006
+    )  # the memory's and 2 decimals
+    assert ledger.max_concurrency == pytest.approx(row["max_concurrency"], abs=bound)
 
 
 def test_enough_rows_check_the_arithmetic() -> None:
