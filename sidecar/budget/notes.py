@@ -74,6 +74,12 @@ def plan_notes(
             f"(fixed in 0.31.0): its pool can come out up to {worst:.1f} GiB per GPU smaller than planned; "
             "the sidecar admits by the pool the engine reports"
         )
+    if arch.vision_parameters is None and arch.parameter_count is None:
+        notes.append(
+            f"{arch.class_name or arch.model_type}'s vision tower is not in the parameter count: config.json "
+            "alone does not give it (the checkpoint's safetensors headers do, from a cached copy or the "
+            "Hub); vLLM loads it with the weights unless --language-model-only, so they come out larger"
+        )
     if arch.unmodelled_features:
         notes.append(
             f"not modelled for this config: {', '.join(arch.unmodelled_features)}; the weights and KV "

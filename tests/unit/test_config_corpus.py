@@ -101,6 +101,24 @@ def test_vision_towers_count(name: str, vision: int) -> None:
     assert load(name).vision_parameters == vision
 
 
+@pytest.mark.parametrize(
+    ("name", "noted"),
+    [
+        ("meta-llama--Llama-3.2-90B-Vision-Instruct.json", True),  # mllama's tower: not from config.json
+        ("Qwen--Qwen2.5-VL-7B-Instruct.json", False),  # counted
+        ("Qwen--Qwen3-8B.json", False),  # no tower
+    ],
+)
+def test_a_vision_tower_left_out_of_the_count_is_named(name: str, noted: bool) -> None:
+    """Before, a tower the config does not give was left out silently: 0.9B of Llama-3.2-90B-Vision's weights."""
+    notes = build_ledger(PlanRequest(load(name), 80 * GIB, max_model_len=4096)).notes
+    assert any("vision tower is not in the parameter count" in note for note in notes) is noted
+    measured = load(name).with_parameter_count(10**9, "safetensors")  # a measured count includes the tower
+    assert not any(
+        "vision tower" in n for n in build_ledger(PlanRequest(measured, 80 * GIB, max_model_len=4096)).notes
+    )
+
+
 def test_qwen_vl_without_sliding_windows_keeps_every_layer_full() -> None:
     # Qwen2.5-VL says use_sliding_window: false (and sliding_window 32768): every layer is full attention
     arch = load("Qwen--Qwen2.5-VL-7B-Instruct.json")
