@@ -35,7 +35,9 @@ FIELDS = (
     "projectors_bias", "attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset",
     "conv_L_cache", "conv_bias", "block_auto_adjust_ff_dim", "block_ffn_dim_multiplier", "block_multiple_of",
     "num_dense_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "attention_k_eq_v",
-    "num_kv_shared_layers", "use_double_wide_mlp", "enable_moe_block", "top_k_experts",
+    "num_kv_shared_layers", "use_double_wide_mlp", "enable_moe_block", "top_k_experts", "n_mamba_heads",
+    "mamba_ngroups", "mamba_headdim", "use_conv_bias", "add_bias_linear", "num_mem_blocks",
+    "use_shared_attention_adapter", "adapter_rank",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

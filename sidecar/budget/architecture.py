@@ -36,6 +36,7 @@ from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_c
 from sidecar.budget.state_layers import StateSpec, state_spec
 from sidecar.budget.vision import vision_parameters
 from sidecar.budget.vllm_classes import state_class
+from sidecar.budget.zamba2 import ZAMBA2, Zamba2Blocks, zamba2_blocks
 from sidecar.errors import ConfigError
 
 __all__ = [  # LayerKind is re-exported: callers knew it from here before it moved to layer_kinds
@@ -104,6 +105,7 @@ class Architecture:
     unmodelled_features: tuple[str, ...] = ()  # what of the config the plan leaves out (a note names them)
     kv_shared_layers: int = 0  # trailing layers that read an earlier layer's KV (Gemma 3n and 4)
     gemma4: Gemma4Layers | None = None  # Gemma 4's full-attention geometry, per-layer inputs, MoE block
+    zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -265,8 +267,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     if falcon and not new_falcon and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
-    if model_type == "zamba2":  # its shared attention block reads [hidden, embeddings]: twice as wide
+    if model_type == ZAMBA2:  # its shared attention block reads [hidden, embeddings]: twice as wide
         head_dim = first_int(cfg, "attention_head_dim") or 2 * hidden // heads
+        kv_heads = heads  # vLLM's Zamba2Attention: as many KV heads as query heads
     widths = cfg.get("intermediate_size")
     if isinstance(widths, list) and widths and all(isinstance(w, int) for w in widths):  # Gemma 3n: per layer
         cfg = {**cfg, "intermediate_size": round(sum(widths) / len(widths))}
@@ -283,7 +286,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
     rotary = mla.qk_rope_head_dim if mla else head_dim
     state, kinds = state_spec(cfg, model_type), layer_kinds(cfg, model_type, num_layers)
-    parallel = parallel_state_layers(model_type, num_layers)
+    parallel = parallel_state_layers(cfg, model_type, num_layers)
     # a family with a state spec is modelled even where its config has no state layers (Granite-4.0-Micro)
     hybrid_class = state_class(_class_name(top)) == "hybrid"
     unmodelled = state is None and (parallel > 0 or LayerKind.STATE in kinds or hybrid_class)
@@ -307,6 +310,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         unmodelled_features=unmodelled_features(cfg, widths, model_type),
         kv_shared_layers=kv_shared_layers(cfg, model_type, num_layers),
         gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
+        zamba2=zamba2_blocks(cfg, model_type),
         sliding_window=first_int(cfg, "sliding_window"),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

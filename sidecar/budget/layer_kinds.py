@@ -86,8 +86,15 @@ def attention_chunk_size(cfg: Mapping[str, Any], model_type: str) -> int | None:
     return first_int(cfg, "attention_chunk_size") if "attention_chunk_size" in cfg else _LLAMA4_CHUNK_DEFAULT
 
 
-def parallel_state_layers(model_type: str, num_layers: int) -> int:
-    """State mixers that run beside attention in the same layers (Falcon-H1: one per layer), else 0."""
+def parallel_state_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> int:
+    """State mixers that run beside attention in the same layers, else 0.
+
+    Falcon-H1: one in every layer; Zamba2: one in each ``hybrid`` layer, after its shared attention block
+    (:mod:`sidecar.budget.zamba2`).
+    """
+    if model_type == "zamba2":
+        kinds = cfg.get("layer_types") or cfg.get("layers_block_type") or []
+        return sum(1 for kind in kinds if kind == "hybrid")
     return num_layers if model_type in PARALLEL_STATE_TYPES else 0
 
 

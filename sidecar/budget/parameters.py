@@ -13,7 +13,7 @@ transformers builds from every corpus config.
 
 from __future__ import annotations
 
-from sidecar.budget import gemma4
+from sidecar.budget import gemma4, zamba2
 from sidecar.budget.architecture import Architecture, MlaSpec
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.state_layers import QWEN_GATED_ATTENTION_TYPES
@@ -98,6 +98,8 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     """Parameters of decoder layer ``layer``: attention (or a state mixer), its MLP or MoE, its norms."""
     if arch.gemma4 is not None:
         return _gemma4_layer_parameters(arch, arch.gemma4, layer)
+    if arch.zamba2 is not None and arch.state is not None:  # a Mamba2 layer; the shared blocks apart
+        return arch.state.mixer_parameters(arch.hidden_size) + arch.hidden_size
     norm = _norm_parameters(arch)
     kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
     state = arch.state if kind is LayerKind.STATE else None
@@ -115,6 +117,9 @@ def computed_parameter_count(arch: Architecture) -> int:
     layers = sum(layer_parameter_count(arch, i) for i in range(arch.num_layers))
     if arch.gemma4 is not None:  # Gemma 4's per-layer input embeddings
         layers += gemma4.per_layer_input_parameters(arch.gemma4, arch.hidden_size, arch.num_layers)
+    if arch.zamba2 is not None:  # Zamba2's shared transformer blocks, adapters and hybrid projections
+        attention = (arch.num_attention_heads, arch.head_dim)
+        layers += zamba2.shared_parameters(arch.zamba2, arch.hidden_size, arch.intermediate_size, attention)
     return embedding_parameter_count(arch) + layers + _norm_parameters(arch) + (arch.vision_parameters or 0)
 
 

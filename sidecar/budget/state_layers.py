@@ -49,7 +49,9 @@ layer) hold the block size, groups, blocks and maximum concurrency the plan give
 Jamba's Mamba1 layers fail in the CPU engine's forward pass and OLMo-Hybrid's DeltaNet needs Triton, so their
 rules are read in the source only (OLMo-Hybrid's state is ``gated_delta_net_state_shape``, as Qwen3-Next's).
 
-Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Zamba2, Kimi Linear's
+Zamba2 runs a Mamba2 mixer in every layer and its shared attention block before the ``hybrid`` ones
+(:mod:`sidecar.budget.zamba2`); the tiny one of ``tests/e2e/test_state_layers.py`` is planned as the engine
+sizes it. Not modelled (``plan`` says so in a note, :func:`sidecar.budget.kv_terms.state_note`): Kimi Linear's
 KDA, MiniMax and Ling linear attention. Nor are ReplaySSM's rings (``--mamba-backend``),
 ``--mamba-block-size`` (0.32.0 overrides it with the block size in mode ``align``), pipeline stages with
 state layers, MLA attention beside state layers (its kernels' 128-token alignment) and the larger kernel
@@ -87,6 +89,7 @@ _MAMBA2_FIELDS = {  # heads, head size, groups, state size, conv kernel (get_mam
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel"),
     "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv"),
     "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv"),
+    "zamba2": ("n_mamba_heads", "mamba_headdim", "mamba_ngroups", "mamba_d_state", "mamba_d_conv"),
 }
 _FLOAT32_SSM_TYPES = frozenset({"nemotron_h"})  # NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE
 
@@ -202,7 +205,7 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
     if model_type in _MAMBA2_FIELDS:
         heads, head_dim, groups, state, kernel = _mamba2_fields(cfg, model_type)
         intermediate = heads * head_dim if model_type == "nemotron_h" else _mamba_intermediate(cfg)
-        falcon = model_type == "falcon_h1"
+        falcon, zamba = model_type == "falcon_h1", model_type == "zamba2"
         ssm = cfg.get("mamba_ssm_cache_dtype") or ("float32" if model_type in _FLOAT32_SSM_TYPES else None)
         return StateSpec(
             mixer=MAMBA2,
@@ -215,10 +218,10 @@ def state_spec(cfg: Mapping[str, Any], model_type: str) -> StateSpec | None:
             ssm_dtype=str(ssm) if ssm else None,
             chunk_size=first_int(cfg, "mamba_chunk_size", "chunk_size") or DEFAULT_MAMBA_CHUNK,
             projection_bias=(
-                falcon and bool(cfg.get("mamba_proj_bias")),
-                falcon and bool(cfg.get("projectors_bias")),
+                (falcon and bool(cfg.get("mamba_proj_bias"))) or (zamba and bool(cfg.get("add_bias_linear"))),
+                (falcon and bool(cfg.get("projectors_bias"))) or (zamba and bool(cfg.get("add_bias_linear"))),
             ),
-            conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            conv_bias=zamba or bool(cfg.get("mamba_conv_bias", True)),  # Zamba2Mixer: a conv bias always
             gated_norm=not falcon or bool(cfg.get("mamba_rms_norm")),
         )
     return None
@@ -251,8 +254,8 @@ def _mamba2_fields(cfg: Mapping[str, Any], model_type: str) -> tuple[int, int, i
     """Heads, head size, groups, state size, conv kernel; a head size of ``auto`` (Falcon-H1) derived."""
     names = _MAMBA2_FIELDS[model_type]
     heads, groups, state, kernel = (_field(cfg, name) for name in (names[0], *names[2:]))
-    head_dim = None if cfg.get(names[1]) == "auto" else first_int(cfg, names[1])
-    if head_dim is None:  # FalconH1Config: mamba_d_head "auto" is the Mamba intermediate over the heads
+    head_dim = None if cfg.get(names[1]) == "auto" or model_type == "zamba2" else first_int(cfg, names[1])
+    if head_dim is None:  # "auto" (FalconH1Config), or always (Zamba2Config): the intermediate over the heads
         head_dim = _mamba_intermediate(cfg) // heads
     return heads, head_dim, groups, state, kernel
 

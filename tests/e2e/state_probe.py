@@ -12,6 +12,8 @@ layers of two heads and one KV head of 64, so an attention page of 128 tokens is
   Mamba2, the same SSM shape), each with four experts and a shared MLP;
 * ``falconh1``: a Falcon-H1 of two layers, each with attention and a Mamba2 mixer side by side (four SSM heads
   of 32, state 16, ``mamba_d_ssm`` 128, the gated norm and projection biases on);
+* ``zamba2``: a Zamba2 of six layers, each with a Mamba2 mixer (eight heads of 32, state 16), two of them
+  ``hybrid``: the shared attention block (two heads of 128, read from ``[hidden, embeddings]``) before it;
 * ``lfm2``: an LFM2 of four layers (``layer_types``: short conv, attention, two short convs; a conv window of
   three), with the ``conv_dim`` and ``block_dim`` fields published LFM2 configs carry and vLLM reads.
 
@@ -60,6 +62,11 @@ FALCON_H1: dict[str, Any] = {
     "mamba_d_conv": 4, "mamba_expand": 1, "mamba_d_ssm": 128, "mamba_rms_norm": True, "mamba_proj_bias": True,
     "projectors_bias": True,
 }  # fmt: skip
+ZAMBA2: dict[str, Any] = {
+    "num_hidden_layers": 6, "layers_block_type": ["mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba"],
+    "num_key_value_heads": 2, "n_mamba_heads": 8, "mamba_ngroups": 1, "mamba_d_state": 16, "adapter_rank": 8,
+    "tie_word_embeddings": True,  # transformers ties the shared blocks only with tied embeddings
+}  # fmt: skip
 LFM2: dict[str, Any] = {
     "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_L_cache": 3,
     "conv_dim": 128, "block_dim": 128,
@@ -73,6 +80,7 @@ RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "granite-conv-fp32": ("granite", {"mamba_ssm_cache_dtype": "float32", "mamba_cache_dtype": "float32"}),
     "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
     "lfm2": ("lfm2", {}),
+    "zamba2": ("zamba2", {"mamba_ssm_cache_dtype": "float32"}),
 }
 
 
@@ -87,6 +95,11 @@ def make(tokenizer_dir: Path, root: Path) -> None:
         ),
         "falconh1": tf.FalconH1ForCausalLM(tf.FalconH1Config(**BASE, **FALCON_H1)),
         "lfm2": tf.Lfm2ForCausalLM(tf.Lfm2Config(**BASE, **LFM2)),
+        "zamba2": tf.Zamba2ForCausalLM(
+            tf.Zamba2Config(
+                **{k: v for k, v in BASE.items() if k not in ZAMBA2 and k != "head_dim"}, **ZAMBA2
+            )
+        ),
     }
     for name, model in models.items():
         model.to(torch.bfloat16).save_pretrained(root / name)

@@ -8,7 +8,9 @@ caching (one without). Before, the plan counted no state: the same models were p
 holding tokens of the one attention layer, four times the concurrency vLLM reports. The tiny Falcon-H1 runs a
 Mamba2 mixer beside the attention of each of its two layers: two groups of two layers (attention, state),
 which the plan had as one attention group and no state; the tiny LFM2's short convolutions hold a conv
-window each, which the plan left out.
+window each, which the plan left out. The tiny Zamba2 runs a Mamba2 mixer in each of its six layers and the
+shared attention block before two of them: one attention group and three state groups of two layers, which
+the plan had named and left out (a note), planning attention alone.
 
 Served (the wide model, 16 blocks of 384 tokens), three requests growing to 830 tokens preempt straight (two
 start in 1 + 6 blocks each and grow to 3 + 6) and not through the sidecar, whose capacity admission reads
@@ -52,6 +54,7 @@ RUNS = {  # label: (model folder, plan settings as the probe's engine settings)
     "granite-conv-fp32": ("granite", {"mamba_ssm_cache_dtype": "float32", "mamba_cache_dtype": "float32"}),
     "falconh1": ("falconh1", {"mamba_ssm_cache_dtype": "float32"}),
     "lfm2": ("lfm2", {}),
+    "zamba2": ("zamba2", {"mamba_ssm_cache_dtype": "float32"}),
 }
 
 
@@ -130,7 +133,9 @@ def test_admission_reads_the_same_layout_from_the_engine_and_from_the_model(
     assert run["num_blocks"] / predicted.blocks(512, block) == pytest.approx(run["max_concurrency"])
 
 
-@pytest.mark.parametrize("model", ["qwen3next", "qwen3next-wide", "nemotronh", "granite", "falconh1", "lfm2"])
+@pytest.mark.parametrize(
+    "model", ["qwen3next", "qwen3next-wide", "nemotronh", "granite", "falconh1", "lfm2", "zamba2"]
+)
 def test_the_mixers_are_counted_as_transformers_builds_them(engine: tuple[Path, Any], model: str) -> None:
     """From config.json alone (no weights read): every DeltaNet, Mamba2, attention, MoE and MLP tensor."""
     folder = engine[0] / model

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sidecar.budget.architecture import LayerKind, architecture_from_config
-from sidecar.budget.kv_groups import kv_groups
+from sidecar.budget.kv_groups import KvGroups, kv_groups
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.budget.state_layers import MAMBA1, MAMBA2, SHORT_CONV, StateRules, StateSpec
@@ -148,11 +148,6 @@ def test_falcon_h1_parameters_are_transformers(extra: dict[str, Any], parameters
 @pytest.mark.parametrize(
     "config",
     [
-        pytest.param(
-            {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"], "num_hidden_layers": 2,
-             "layers_block_type": ["mamba", "hybrid"]},
-            id="zamba2",
-        ),
         pytest.param(
             {"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"], "num_hidden_layers": 2,
              "linear_attn_config": {"kda_layers": [1]}},
@@ -319,6 +314,49 @@ def test_mamba_cache_dtype_sets_the_conv_state_and_the_ssm_state_when_nothing_el
     """``_mamba_state_dtype`` (vLLM 0.15.0 to 0.32.0 alike): conv in ``--mamba-cache-dtype``, SSM in
     ``--mamba-ssm-cache-dtype``, else the model's hook (Nemotron-H, Qwen3.5), else the conv dtype."""
     assert spec.page_bytes(1, "bfloat16", ssm, 0, conv) == page
+
+
+# Tiny Zamba2 configs and the parameters transformers 5.19 builds from each (Zamba2ForCausalLM, tied embeddings:
+# only then does transformers tie the shared blocks, which vLLM always shares). The first is state_probe.py's.
+ZAMBA2: dict[str, Any] = SMALL | {
+    "model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"], "num_hidden_layers": 6,
+    "layers_block_type": ["mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba"], "num_key_value_heads": 2,
+    "n_mamba_heads": 8, "mamba_ngroups": 1, "mamba_d_state": 16, "adapter_rank": 8, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "parameters"),
+    [
+        pytest.param({}, 1_068_368, id="one-shared-block"),  # six mixers, one block, two adapters, two linears
+        pytest.param(
+            {"num_mem_blocks": 2, "layers_block_type": ["hybrid", "mamba"] * 3}, 1_417_936, id="two-shared-blocks"
+        ),
+        pytest.param({"use_shared_attention_adapter": True}, 1_092_944, id="attention-adapters"),
+        pytest.param({"add_bias_linear": True, "use_conv_bias": False}, 1_073_088, id="biases-conv-bias-kept"),
+        pytest.param({"mamba_expand": 1, "n_mamba_heads": 4}, 765_704, id="expand-one"),
+    ],
+)  # fmt: skip
+def test_zamba2_parameters_are_transformers(extra: dict[str, Any], parameters: int) -> None:
+    """The shared blocks count once, each hybrid layer adds its adapters and ``linear``, every layer a mixer."""
+    assert computed_parameter_count(architecture_from_config(ZAMBA2 | extra)) == parameters
+
+
+def test_zamba2_s_pool_is_the_engines() -> None:
+    """vLLM 0.32 (CPU, 1 GiB, 128-token blocks, 512 tokens, float32 SSM): one attention group and three state
+    groups of two layers (six Mamba2 mixers, two of them beside the hybrid layers' attention), 4,096 blocks,
+    4 + 3 x 3 blocks a request, 315.08 sequences (``tests/e2e/test_state_layers.py``). Before, the plan
+    counted the two attention layers alone and named the state as not modelled."""
+    request = PlanRequest(
+        architecture_from_config(ZAMBA2), 24 * GIB, max_model_len=512, block_size=128,
+        kv_cache_memory_bytes=GIB, async_scheduling=False, mamba_ssm_cache_dtype="float32",
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, 4_096, 315.08)
+    assert kv_groups(request.architecture.kv_kinds) == KvGroups(
+        full=1, sliding=0, layers_per_group=2, state=3
+    )
+    assert not any("not model" in note for note in ledger.notes)
 
 
 def test_zamba2_s_attention_heads_are_twice_as_wide_as_hidden_over_heads() -> None:

@@ -313,13 +313,13 @@ def test_a_drafter_left_out_of_the_prediction_is_a_warning(
 
 
 def test_a_smaller_pool_for_a_model_the_plan_leaves_partly_out_names_what_it_leaves_out() -> None:
-    """A hybrid whose state layers are not modelled (Zamba2): the pool is smaller than planned, and says why."""
-    zamba2 = architecture_from_config(
-        TINY_CONFIG | {"model_type": "zamba2", "architectures": ["Zamba2ForCausalLM"],
-                       "layers_block_type": ["hybrid"] + ["mamba"] * (TINY_CONFIG["num_hidden_layers"] - 1)}
+    """A hybrid whose state layers are not modelled (Kimi Linear): the pool is smaller than planned, and says why."""
+    kimi = architecture_from_config(
+        TINY_CONFIG | {"model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
+                       "linear_attn_config": {"kda_layers": list(range(2, TINY_CONFIG["num_hidden_layers"] + 1))}}
     )  # fmt: skip
-    for arch, names_it in ((zamba2, True), (TINY, False)):
+    for arch, names_it in ((kimi, True), (TINY, False)):
         drift = _pool_drift(_tiny_ledger(architecture=arch, num_gpu_blocks_override=24))  # engine 16: -33%
         assert (
-            "the plan does not model Zamba2ForCausalLM's recurrent-state layers" in drift.advice
+            "the plan does not model KimiLinearForCausalLM's recurrent-state layers" in drift.advice
         ) is names_it
