@@ -20,14 +20,11 @@ Used by ``test_gemma4.py``.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+import inprocess  # a sibling module: this script's folder is on sys.path
 import transformers as tf
-from inprocess import print_engines  # a sibling module: this script's folder is on sys.path
 
 BASE: dict[str, Any] = {
     "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
@@ -59,37 +56,26 @@ def make(tokenizer_dir: Path, root: Path) -> None:
     for name, extra in MODELS.items():
         arguments = BASE | extra
         model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**arguments))
-        model.to(torch.bfloat16).save_pretrained(root / name)
+        inprocess.save_model(model, root / name, tokenizer_dir)
         published = arguments | {"model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"]}
         (root / name / "published.json").write_text(json.dumps(published))
-        for file in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(tokenizer_dir / file, root / name / file)
 
 
 def view(worker: Any) -> dict[str, Any]:
     """The KV cache's block size, groups (layer names, block size) and blocks, and the maximum concurrency."""
-    runner = worker.model_runner
-    config, cache = runner.kv_cache_config, runner.cache_config
-    return {
-        "block_size": cache.block_size,
+    groups = worker.model_runner.kv_cache_config.kv_cache_groups
+    return inprocess.pool_view(worker) | {
         "groups": [
-            {"layers": sorted(group.layer_names), "block_size": group.kv_cache_spec.block_size}
-            for group in config.kv_cache_groups
-        ],
-        "num_blocks": config.num_blocks,
-        "max_concurrency": cache.kv_cache_max_concurrency,
+            {"layers": sorted(g.layer_names), "block_size": g.kv_cache_spec.block_size} for g in groups
+        ]
     }
 
 
 def measure(root: Path) -> None:
     """Print what the engine holds for each model."""
     common = {"max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
-    print_engines("GEMMA4", [(name, common | {"model": str(root / name)}) for name in MODELS], view)
+    inprocess.print_engines("GEMMA4", [(name, common | {"model": str(root / name)}) for name in MODELS], view)
 
 
 if __name__ == "__main__":
-    command, *args = sys.argv[1:]
-    if command == "make":
-        make(Path(args[0]), Path(args[1]))
-    else:
-        measure(Path(args[0]))
+    inprocess.probe_main(make, measure)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -30,6 +32,36 @@ def print_engines(
         print(f"{tag} " + json.dumps({"run": label, **llm.collective_rpc(view)[0]}), flush=True)
         del llm
         gc.collect()
+
+
+def probe_main(make: Callable[[Path, Path], None], measure: Callable[[Path], None]) -> None:
+    """A probe's command line: ``make TOKENIZER_DIR OUT`` builds its models, ``measure OUT`` loads them."""
+    import sys  # noqa: PLC0415 - only a probe run as a script reads its arguments
+
+    command, *args = sys.argv[1:]
+    if command == "make":
+        make(Path(args[0]), Path(args[1]))
+    else:
+        measure(Path(args[0]))
+
+
+def save_model(model: Any, folder: Path, tokenizer_dir: Path) -> None:
+    """Save a transformers model in bf16 to ``folder`` with the tiny model's tokenizer beside it."""
+    import torch  # noqa: PLC0415 - vLLM's python has it; the module's other users need not import it
+
+    model.to(torch.bfloat16).save_pretrained(folder)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / file, folder / file)
+
+
+def pool_view(worker: Any) -> dict[str, Any]:
+    """The KV cache's block size, blocks and maximum concurrency, for a probe's ``view`` to extend."""
+    runner = worker.model_runner
+    return {
+        "block_size": runner.cache_config.block_size,
+        "num_blocks": runner.kv_cache_config.num_blocks,
+        "max_concurrency": runner.cache_config.kv_cache_max_concurrency,
+    }
 
 
 def drafter_view(worker: Any) -> dict[str, Any]:

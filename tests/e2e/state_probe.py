@@ -27,14 +27,11 @@ concurrency and the mamba cache mode. Used by ``test_state_layers.py``.
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-import torch
+import inprocess  # a sibling module: this script's folder is on sys.path
 import transformers as tf
-from inprocess import print_engines  # a sibling module: this script's folder is on sys.path
 
 BASE: dict[str, Any] = {
     "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
@@ -102,20 +99,15 @@ def make(tokenizer_dir: Path, root: Path) -> None:
         ),
     }
     for name, model in models.items():
-        model.to(torch.bfloat16).save_pretrained(root / name)
-        for file in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(tokenizer_dir / file, root / name / file)
+        inprocess.save_model(model, root / name, tokenizer_dir)
 
 
 def view(worker: Any) -> dict[str, Any]:
     """The KV cache's block size, groups, blocks, maximum concurrency, mamba cache mode and state dtypes."""
     runner = worker.model_runner
     config, cache = runner.kv_cache_config, runner.cache_config
-    return {
-        "block_size": cache.block_size,
+    return inprocess.pool_view(worker) | {
         "groups": [sorted(group.layer_names) for group in config.kv_cache_groups],
-        "num_blocks": config.num_blocks,
-        "max_concurrency": cache.kv_cache_max_concurrency,
         "mamba_cache_mode": cache.mamba_cache_mode,
         "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
         "state_dtypes": sorted(
@@ -132,12 +124,8 @@ def measure(root: Path) -> None:
     """Print what the engine holds for each run of :data:`RUNS`."""
     common = {"max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
     runs = [(label, common | {"model": str(root / model)} | extra) for label, (model, extra) in RUNS.items()]
-    print_engines("STATE", runs, view)
+    inprocess.print_engines("STATE", runs, view)
 
 
 if __name__ == "__main__":
-    command, *args = sys.argv[1:]
-    if command == "make":
-        make(Path(args[0]), Path(args[1]))
-    else:
-        measure(Path(args[0]))
+    inprocess.probe_main(make, measure)

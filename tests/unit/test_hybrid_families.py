@@ -110,16 +110,6 @@ def test_falcon_h1_runs_a_mamba2_mixer_beside_attention_in_every_layer() -> None
     assert not arch.unmodelled_state
 
 
-def test_falcon_h1_s_pool_counts_both_groups() -> None:
-    """The engine's figures for the e2e tier's Falcon-H1 (1 GiB of KV, 128-token blocks, float32 SSM state)."""
-    request = PlanRequest(
-        architecture_from_config(FALCON_H1), 24 * GIB, max_model_len=512, block_size=128,
-        kv_cache_memory_bytes=GIB, async_scheduling=False, mamba_ssm_cache_dtype="float32",
-    )  # fmt: skip
-    ledger = build_ledger(request)
-    assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, 16_384, 2_340.57)
-
-
 @pytest.mark.parametrize(
     ("extra", "parameters"),
     [
@@ -342,20 +332,28 @@ def test_zamba2_parameters_are_transformers(extra: dict[str, Any], parameters: i
     assert computed_parameter_count(architecture_from_config(ZAMBA2 | extra)) == parameters
 
 
-def test_zamba2_s_pool_is_the_engines() -> None:
-    """vLLM 0.32 (CPU, 1 GiB, 128-token blocks, 512 tokens, float32 SSM): one attention group and three state
-    groups of two layers (six Mamba2 mixers, two of them beside the hybrid layers' attention), 4,096 blocks,
-    4 + 3 x 3 blocks a request, 315.08 sequences (``tests/e2e/test_state_layers.py``). Before, the plan
-    counted the two attention layers alone and named the state as not modelled."""
+@pytest.mark.parametrize(
+    ("config", "blocks", "concurrency", "groups"),
+    [
+        pytest.param(FALCON_H1, 16_384, 2_340.57, KvGroups(1, 0, 2, state=1), id="falcon-h1"),
+        pytest.param(ZAMBA2, 4_096, 315.08, KvGroups(1, 0, 2, state=3), id="zamba2"),
+    ],
+)
+def test_a_state_model_s_pool_is_the_engines(
+    config: dict[str, Any], blocks: int, concurrency: float, groups: KvGroups
+) -> None:
+    """The engine's figures for the e2e tier's models (vLLM 0.32 CPU, 1 GiB of KV, 128-token blocks, 512
+    tokens, float32 SSM state; ``tests/e2e/test_state_layers.py``). Falcon-H1: an attention group and a state
+    group of two layers. Zamba2: one attention group and three state groups of two (six Mamba2 mixers, two
+    beside the hybrid layers' attention), 4 + 3 x 3 blocks a request; before, the plan counted its two
+    attention layers alone and named the state as not modelled."""
     request = PlanRequest(
-        architecture_from_config(ZAMBA2), 24 * GIB, max_model_len=512, block_size=128,
+        architecture_from_config(config), 24 * GIB, max_model_len=512, block_size=128,
         kv_cache_memory_bytes=GIB, async_scheduling=False, mamba_ssm_cache_dtype="float32",
     )  # fmt: skip
     ledger = build_ledger(request)
-    assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, 4_096, 315.08)
-    assert kv_groups(request.architecture.kv_kinds) == KvGroups(
-        full=1, sliding=0, layers_per_group=2, state=3
-    )
+    assert (ledger.block_size, ledger.kv_pool_blocks, ledger.max_concurrency) == (128, blocks, concurrency)
+    assert kv_groups(request.architecture.kv_kinds) == groups
     assert not any("not model" in note for note in ledger.notes)
 
 
