@@ -58,7 +58,7 @@ MODELS: Final[tuple[CatalogModel, ...]] = (
     CatalogModel("qwen2.5-32b", "Qwen/Qwen2.5-32B-Instruct", 32.5e9),
     CatalogModel("qwen3-8b", "Qwen/Qwen3-8B", 8.2e9),
     CatalogModel("gemma-2-9b", "google/gemma-2-9b-it", 9.24e9),
-    CatalogModel("gemma-3-4b", "google/gemma-3-4b-it", 3.88e9),  # language model only (4.3B with vision)
+    CatalogModel("gemma-3-4b", "google/gemma-3-4b-it", 4.30e9),  # its SigLIP tower and projector: 0.42B
     CatalogModel("deepseek-v3", "deepseek-ai/DeepSeek-V3", 671e9),
 )
 """Every model the catalog knows."""

@@ -76,9 +76,9 @@ def plan_notes(
         )
     if arch.vision_parameters is None and arch.parameter_count is None:
         notes.append(
-            f"{arch.class_name or arch.model_type}'s vision tower is not in the parameter count: config.json "
-            "alone does not give it (the checkpoint's safetensors headers do, from a cached copy or the "
-            "Hub); vLLM loads it with the weights unless --language-model-only, so they come out larger"
+            f"{arch.class_name or arch.model_type}'s vision (or audio) tower is not in the parameter count: "
+            "config.json alone does not give it (the checkpoint's safetensors headers do, from a cached copy "
+            "or the Hub); vLLM loads it with the weights unless --language-model-only: they come out larger"
         )
     if arch.unmodelled_features:
         notes.append(

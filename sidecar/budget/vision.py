@@ -21,13 +21,25 @@ the family, term by term, and the corpus test checks each against the model tran
   ``projector_output_dim -> projector_output_dim`` (``Llama4VisionMLP2``); and the projector,
   ``vision_output_dim -> text hidden`` without bias. Its rotary embedding is a buffer, not a parameter.
 
-Other multimodal families (mllama, gemma3, pixtral, ...) return ``None``: their towers are counted
-exactly only from the weights' safetensors headers (a cached checkpoint or the Hub's metadata).
+* ``gemma3`` (``SiglipVisionModel`` and ``Gemma3MultiModalProjector``, transformers 5.19): Conv2d patches
+  with a bias and ``(image_size // patch_size)^2`` position embeddings, layers of q/k/v/out projections with
+  biases, two LayerNorms and fc1/fc2 with biases, a post-LayerNorm, the attention-pooling head unless
+  ``vision_use_head`` is false (the published Gemma 3 configs say false), and the projector
+  (``vision hidden x text hidden`` and an RMSNorm of the vision width);
+* ``gemma4`` (``Gemma4VisionModel`` and ``Gemma4MultimodalEmbedder``, transformers 5.19): a two-axis
+  position table of ``position_embedding_size`` and a patch projection ``3 x patch^2 -> hidden`` without
+  bias, layers of q/k/v/o projections (KV heads of ``num_key_value_heads``), q and k norms of the head size,
+  a gated MLP and four RMSNorms, and the projection to the text width; a Gemma 4 config with an
+  ``audio_config`` (E2B, E4B) is not modelled, its audio tower being left out.
+
+Other multimodal families (mllama, pixtral, ...) return ``None``: their towers are counted exactly only from
+the weights' safetensors headers (a cached checkpoint or the Hub's metadata), and ``plan`` names what a count
+from ``config.json`` leaves out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -94,18 +106,55 @@ def _llama4(vision: Mapping[str, Any], text_hidden: int) -> int:
     )
 
 
+def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Gemma 3's SigLIP tower and projector (defaults: ``SiglipVisionConfig``'s)."""
+    width = _int(vision, "hidden_size", default=768)
+    inner = _int(vision, "intermediate_size", default=3072)
+    patch, image = _int(vision, "patch_size", default=16), _int(vision, "image_size", default=224)
+    embeddings = _int(vision, "num_channels", default=3) * patch * patch * width + width
+    embeddings += (image // patch) ** 2 * width
+    mlp = 2 * width * inner + inner + width
+    layer = 4 * (width * width + width) + 2 * 2 * width + mlp
+    head = width + 3 * (width * width + width) + width * width + width + 2 * width + mlp  # probe, attention
+    if vision.get("vision_use_head", True) is False:
+        head = 0
+    layers = _int(vision, "num_hidden_layers", default=12)
+    return embeddings + layers * layer + 2 * width + head + width * text_hidden + width
+
+
+def _gemma4(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Gemma 4's vision tower and its embedder (defaults: ``Gemma4VisionConfig``'s)."""
+    width = _int(vision, "hidden_size", default=768)
+    inner = _int(vision, "intermediate_size", default=3072)
+    heads, head_dim = _int(vision, "num_attention_heads", default=12), _int(vision, "head_dim", default=64)
+    kv_heads = _int(vision, "num_key_value_heads", default=heads)
+    patch = _int(vision, "patch_size", default=16)
+    positions = _int(vision, "position_embedding_size", default=10 * 1024)
+    embeddings = 2 * positions * width + 3 * patch * patch * width
+    attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim + 2 * head_dim
+    layer = attention + 3 * width * inner + 4 * width
+    return embeddings + _int(vision, "num_hidden_layers", default=16) * layer + text_hidden * width
+
+
+_TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
+    "qwen2_vl": lambda vision, text_hidden: _qwen_vl(vision, text_hidden, gated=False),
+    "qwen2_5_vl": lambda vision, text_hidden: _qwen_vl(vision, text_hidden, gated=True),
+    "llama4": _llama4,
+    "gemma3": _siglip_gemma3,
+    "gemma4": _gemma4,
+}
+"""The towers modelled, by the top config's ``model_type``."""
+
+
 def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None:
     """The vision tower's and projector's parameters, ``0`` for a text model, ``None`` when not modelled."""
     vision = config.get("vision_config")
     if not isinstance(vision, Mapping):
         return 0
     model_type = str(config.get("model_type") or "")
-    if model_type == "qwen2_vl":
-        return _qwen_vl(vision, text_hidden, gated=False)
-    if model_type == "qwen2_5_vl":
-        return _qwen_vl(vision, text_hidden, gated=True)
-    if model_type == "llama4":
-        return _llama4(vision, text_hidden)
+    if model_type == "gemma4" and isinstance(config.get("audio_config"), Mapping):
+        return None  # E2B, E4B: an audio tower beside the vision one, not modelled
     if model_type == "llava" and str(vision.get("model_type", "clip_vision_model")) == "clip_vision_model":
         return _clip_llava(vision, text_hidden)
-    return None
+    tower = _TOWERS.get(model_type)
+    return tower(vision, text_hidden) if tower else None

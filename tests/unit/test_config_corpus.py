@@ -16,6 +16,8 @@ import pytest
 
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, parameter_count
 from sidecar.budget.architecture import Architecture, LayerKind
+from sidecar.budget.catalog import resolve_model
+from sidecar.budget.parameters import computed_parameter_count
 from sidecar.units import GIB
 
 CORPUS = Path(__file__).parents[1] / "data" / "hf-configs"
@@ -101,6 +103,42 @@ def test_vision_towers_count(name: str, vision: int) -> None:
     assert load(name).vision_parameters == vision
 
 
+GEMMA3_TEXT = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+               "intermediate_size": 256, "vocab_size": 512, "num_hidden_layers": 2}  # fmt: skip
+GEMMA4_TEXT = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
+               "intermediate_size": 256, "vocab_size": 512, "num_hidden_layers": 6, "sliding_window": 64,
+               "global_head_dim": 64, "hidden_size_per_layer_input": 0}  # fmt: skip
+SIGLIP = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+          "image_size": 56, "patch_size": 14}  # fmt: skip
+GEMMA4_VISION = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 16, "patch_size": 8, "position_embedding_size": 1024}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "vision"),
+    [
+        pytest.param({"model_type": "gemma3", "text_config": GEMMA3_TEXT, "vision_config": SIGLIP}, 147_456,
+                     id="gemma3-siglip-with-head"),
+        pytest.param({"model_type": "gemma3", "text_config": GEMMA3_TEXT,
+                      "vision_config": SIGLIP | {"vision_use_head": False}}, 114_048, id="gemma3-as-published"),
+        pytest.param({"model_type": "gemma4", "text_config": GEMMA4_TEXT, "vision_config": GEMMA4_VISION}, 244_576,
+                     id="gemma4"),
+        pytest.param({"model_type": "gemma4", "text_config": GEMMA4_TEXT, "vision_config": GEMMA4_VISION,
+                      "audio_config": {"hidden_size": 64}}, None, id="gemma4-with-audio-not-modelled"),
+    ],
+)  # fmt: skip
+def test_gemma_vision_towers_are_transformers(config: dict[str, Any], vision: int | None) -> None:
+    """The towers and projectors ``Gemma3ForConditionalGeneration`` / ``Gemma4ForConditionalGeneration`` of
+    transformers 5.19 build from each config (their parameters outside the language model)."""
+    assert architecture_from_config(config).vision_parameters == vision
+
+
+def test_gemma_3_4b_counts_as_the_hub_does() -> None:
+    """The catalog's google/gemma-3-4b-it config: 4,300,079,472 parameters, transformers' count of its model
+    with the vision tower (0.42B), which the plan had left out."""
+    assert computed_parameter_count(resolve_model("gemma-3-4b")) == 4_300_079_472
+
+
 @pytest.mark.parametrize(
     ("name", "noted"),
     [
@@ -112,7 +150,7 @@ def test_vision_towers_count(name: str, vision: int) -> None:
 def test_a_vision_tower_left_out_of_the_count_is_named(name: str, noted: bool) -> None:
     """Before, a tower the config does not give was left out silently: 0.9B of Llama-3.2-90B-Vision's weights."""
     notes = build_ledger(PlanRequest(load(name), 80 * GIB, max_model_len=4096)).notes
-    assert any("vision tower is not in the parameter count" in note for note in notes) is noted
+    assert any("tower is not in the parameter count" in note for note in notes) is noted
     measured = load(name).with_parameter_count(10**9, "safetensors")  # a measured count includes the tower
     assert not any(
         "vision tower" in n for n in build_ledger(PlanRequest(measured, 80 * GIB, max_model_len=4096)).notes
