@@ -22,7 +22,8 @@ Read in transformers 5.19 (``models/gemma4/configuration_gemma4.py``, ``Gemma4Te
   state to the same width and its norm, and per layer a gate, a projection back and a norm.
 * **The MoE block** (``enable_moe_block``, Gemma 4 26B-A4B) runs beside each layer's dense MLP: a router
   (a projection to ``num_experts``, a scale per hidden unit and per expert), ``num_experts`` gated experts of
-  ``moe_intermediate_size``, ``top_k_experts`` of them per token, and three more norms.
+  ``moe_intermediate_size``, ``top_k_experts`` of them per token, and three more norms (its experts are a
+  :class:`sidecar.budget.moe.MoeSpec`, the dense MLP its shared expert).
 
 Full-attention layers with a page larger or smaller than the sliding layers' make vLLM scale the smaller
 page's block size (:class:`sidecar.budget.kv_terms.KvPages`).
@@ -52,7 +53,6 @@ class Gemma4Layers:
     per_layer_input_size: int = 0  # hidden_size_per_layer_input (0: no per-layer embeddings)
     per_layer_vocab_size: int = 0  # vocab_size_per_layer_input
     double_wide_shared_mlp: bool = False  # use_double_wide_mlp: KV-shared layers' MLP is twice as wide
-    moe_block: bool = False  # enable_moe_block: experts beside each layer's dense MLP
 
 
 def _full_layer_override(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -88,7 +88,6 @@ def gemma4_layers(
         per_layer_input_size=per_layer_input,
         per_layer_vocab_size=(first_int(cfg, "vocab_size_per_layer_input") or 0) if per_layer_input else 0,
         double_wide_shared_mlp=bool(cfg.get("use_double_wide_mlp", False)),
-        moe_block=bool(cfg.get("enable_moe_block", False)),
     )
 
 
