@@ -38,6 +38,7 @@ from typing import Any
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.moe import LLAMA4_TYPES
+from sidecar.budget.zamba2 import ZAMBA2, hybrid_layer_count
 
 _QWEN_WINDOW_TYPES = frozenset(
     {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
@@ -92,9 +93,8 @@ def parallel_state_layers(cfg: Mapping[str, Any], model_type: str, num_layers: i
     Falcon-H1: one in every layer; Zamba2: one in each ``hybrid`` layer, after its shared attention block
     (:mod:`sidecar.budget.zamba2`).
     """
-    if model_type == "zamba2":
-        kinds = cfg.get("layer_types") or cfg.get("layers_block_type") or []
-        return sum(1 for kind in kinds if kind == "hybrid")
+    if model_type == ZAMBA2:
+        return hybrid_layer_count(cfg)
     return num_layers if model_type in PARALLEL_STATE_TYPES else 0
 
 

@@ -46,13 +46,18 @@ class Zamba2Blocks:
     linear_bias: bool  # add_bias_linear (the MLP's and the Mamba2 projections')
 
 
+def hybrid_layer_count(cfg: Mapping[str, Any]) -> int:
+    """How many layers ``layers_block_type`` (transformers 5 also writes ``layer_types``) marks ``hybrid``."""
+    kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or []
+    return sum(1 for kind in kinds if kind == HYBRID)
+
+
 def zamba2_blocks(cfg: Mapping[str, Any], model_type: str) -> Zamba2Blocks | None:
     """Zamba2's shared blocks from its config (defaults merged), ``None`` for another family."""
     if model_type != ZAMBA2:
         return None
-    kinds = cfg.get("layers_block_type") or cfg.get("layer_types") or []
     return Zamba2Blocks(
-        hybrid_layers=sum(1 for kind in kinds if kind == HYBRID),
+        hybrid_layers=hybrid_layer_count(cfg),
         mem_blocks=max(1, first_int(cfg, "num_mem_blocks") or 1),
         adapter_rank=first_int(cfg, "adapter_rank") or 0,
         attention_adapters=bool(cfg.get("use_shared_attention_adapter", False)),
