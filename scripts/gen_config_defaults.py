@@ -37,7 +37,12 @@ FIELDS = (
     "num_dense_layers", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "attention_k_eq_v",
     "num_kv_shared_layers", "use_double_wide_mlp", "enable_moe_block", "top_k_experts", "n_mamba_heads",
     "mamba_ngroups", "mamba_headdim", "use_conv_bias", "add_bias_linear", "num_mem_blocks",
-    "use_shared_attention_adapter", "adapter_rank",
+    "use_shared_attention_adapter", "adapter_rank", "use_bias", "mlp_bias", "enable_bias", "n_positions",
+    "moe_num_experts", "moe_k", "moe_top_k", "moe_num_shared_experts", "num_shared_experts",
+    "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval", "expert_ffn_hidden_size", "index_head_dim", "index_n_heads",
+    "hc_mult", "zero_expert_num", "num_layers_per_stack", "swa_num_key_value_heads", "swa_head_dim",
+    "swa_v_head_dim", "swa_num_attention_heads", "num_sliding_attention_heads", "n_layers", "n_heads",
+    "kv_n_heads", "max_seq_len",
 )  # fmt: skip
 SUBCONFIGS = ("text_config", "vision_config", "llm_config", "language_config")
 

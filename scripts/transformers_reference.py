@@ -41,7 +41,8 @@ def _fields(text_config: object) -> dict[str, object]:
     return out
 
 
-def _parameters(config: object) -> dict[str, int] | str:
+def parameters_on_meta(config: object) -> dict[str, int] | str:
+    """The parameters of the model transformers builds from ``config`` on ``meta``, the vision tower apart."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
@@ -59,7 +60,7 @@ def _parameters(config: object) -> dict[str, int] | str:
         total = sum(p.numel() for p in model.parameters())
         vision = sum(
             p.numel() for n, p in model.named_parameters()
-            if any(k in n for k in ("vision", "visual", "multi_modal_projector", "merger", "image_newline"))
+            if any(k in n for k in ("vision", "visual", "projector", "merger", "image_newline"))
         )  # fmt: skip
         return {"total": total, "vision": vision, "loader": loader}  # type: ignore[dict-item]
     return "; ".join(errors)
@@ -84,7 +85,8 @@ def reference() -> dict[str, object]:
                 continue
             text = config.get_text_config()
             fields = _fields(text)
-            rows[path.name] = {"model_type": text.model_type, **fields, "parameters": _parameters(config)}
+            counted = parameters_on_meta(config)
+            rows[path.name] = {"model_type": text.model_type, **fields, "parameters": counted}
     return {"transformers": transformers.__version__, "configs": rows}
 
 

@@ -27,13 +27,15 @@ from typing import Any
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
-from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers, unmodelled_features
+from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
+from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
 from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
+from sidecar.budget.unmodelled import unmodelled_features
 from sidecar.budget.vision import vision_parameters
 from sidecar.budget.vllm_classes import state_class
 from sidecar.budget.zamba2 import ZAMBA2, Zamba2Blocks, zamba2_blocks
@@ -43,10 +45,6 @@ __all__ = [  # LayerKind is re-exported: callers knew it from here before it mov
     "Architecture", "LayerKind", "MlaSpec", "architecture_from_config", "load_architecture",
     "read_config_file",
 ]  # fmt: skip
-_FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
-_PLAIN_MLP_TYPES = frozenset(
-    {"falcon", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi", "nemotron_h"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +81,6 @@ class Architecture:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None  # the span of CHUNKED layers
     max_position_embeddings: int | None = None
-    attention_bias: bool = False
-    qk_norm: bool = False
     mla: MlaSpec | None = None
     moe: MoeSpec | None = None
     quantization: str | None = None
@@ -93,9 +89,7 @@ class Architecture:
     derived_max_model_len: int | None = None  # the longest --max-model-len vLLM accepts
     rope_cache_elements: int = 0  # vLLM's cos/sin tables on each GPU (sidecar.budget.rope)
     vision_parameters: int | None = 0  # the vision tower and projector (None: a tower not modelled)
-    gated_mlp: bool = True  # gate, up and down projections (False: fc1 and fc2, as Falcon and GPT-2)
-    norm_bias: bool = False  # LayerNorms with a bias (Falcon) rather than RMSNorms
-    norms_per_layer: int = 2
+    shape: LayerShape = LLAMA_LAYER  # MLP gating, biases, norms: what differs from Llama's layer
     class_name: str | None = None  # ``architectures[0]``: the model class vLLM builds (LoRA rules go by it)
     draft_layers: int = 0  # ``num_nextn_predict_layers``: MTP layers shipped beside the model, not loaded
     rope_key: str = ""  # what vLLM's ``get_rope`` caches a table by: models with the same key share one
@@ -164,7 +158,7 @@ def _mla(cfg: Mapping[str, Any]) -> MlaSpec | None:
         return None
     return MlaSpec(
         kv_lora_rank=rank,
-        qk_rope_head_dim=_required_int(cfg, "qk_rope_head_dim"),
+        qk_rope_head_dim=first_int(cfg, "qk_rope_head_dim") or 0,  # GLM-5-Next's MLA: 0, no rotary part
         qk_nope_head_dim=_required_int(cfg, "qk_nope_head_dim"),
         v_head_dim=_required_int(cfg, "v_head_dim"),
         q_lora_rank=first_int(cfg, "q_lora_rank"),
@@ -209,9 +203,9 @@ def _derived_max_len(cfg: Mapping[str, Any], model_type: str) -> int | None:
 
 _ALIASES = (
     ("num_local_experts", "n_routed_experts", "num_experts"),
-    ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"),
-    ("num_hidden_layers", "n_layer", "num_layers"),
-    ("num_attention_heads", "n_head"),
+    ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "kv_n_heads"),
+    ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    ("num_attention_heads", "n_head", "n_heads"),
     ("hidden_size", "n_embd", "d_model"),
     ("intermediate_size", "ffn_hidden_size", "n_inner"),
     ("head_dim", "hidden_size_per_head"),
@@ -238,6 +232,9 @@ def _with_defaults(top: Mapping[str, Any]) -> dict[str, Any]:
     text_type = str(text.get("model_type") or (nested or {}).get("model_type") or "")
     text_defaults = {**(nested or {}), **transformers_defaults(text_type)}
     plain = {k: v for k, v in top_defaults.items() if not isinstance(v, Mapping)}
+    if top.get("model_type") == "dbrx":  # DBRX keeps its attention and MLP fields in sub-configs
+        nested_fields = [top.get(key) for key in ("attn_config", "ffn_config")]
+        text = {**{k: v for sub in nested_fields if isinstance(sub, Mapping) for k, v in sub.items()}, **text}
     defaults = _without_aliases({**text_defaults, **plain}, {**top, **text})
     return {**defaults, **top, **text, "model_type": text.get("model_type") or top.get("model_type")}
 
@@ -251,20 +248,22 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
     blocks = cfg.get("layers_block_type")  # Nemotron-H as transformers 5 writes it: no num_hidden_layers
     num_layers = len(blocks) if isinstance(blocks, list) and blocks and "num_hidden_layers" not in cfg else 0
-    num_layers = num_layers or _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    num_layers = num_layers or _required_int(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     if state_class(_class_name(top)) == "attention_free":
         raise ConfigError(
             f"vLLM serves {_class_name(top)} without attention layers (a pure state-space model): "
             "kv-sidecar plans attention KV and does not model it; run the sidecar without a plan"
         )
-    heads = _required_int(cfg, "num_attention_heads", "n_head")
+    heads = _required_int(cfg, "num_attention_heads", "n_head", "n_heads")
     hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
     kv_heads = (
-        first_int(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num") or heads
+        first_int(
+            cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "kv_n_heads"
+        )
+        or heads
     )
-    falcon = model_type in _FALCON_TYPES
-    new_falcon = falcon and bool(cfg.get("new_decoder_architecture"))
-    if falcon and not new_falcon and cfg.get("multi_query"):
+    falcon = model_type in FALCON_TYPES
+    if falcon and not cfg.get("new_decoder_architecture") and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
     head_dim = first_int(cfg, "head_dim", "hidden_size_per_head") or hidden // heads
     if model_type == ZAMBA2:  # its shared attention block reads [hidden, embeddings]: twice as wide
@@ -283,7 +282,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     )
     tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type.startswith("gemma")))
     mla = _mla(cfg)
-    max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length")
+    max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
     rotary = mla.qk_rope_head_dim if mla else head_dim
     state, kinds = state_spec(cfg, model_type), layer_kinds(cfg, model_type, num_layers)
     parallel = parallel_state_layers(cfg, model_type, num_layers)
@@ -307,7 +306,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         state=state if LayerKind.STATE in kinds or parallel else None,
         parallel_state_layers=parallel,
         unmodelled_state=unmodelled,
-        unmodelled_features=unmodelled_features(cfg, widths, model_type),
+        unmodelled_features=unmodelled_features(cfg, widths, model_type, mla=mla is not None),
         kv_shared_layers=kv_shared_layers(cfg, model_type, num_layers),
         gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
         zamba2=zamba2_blocks(cfg, model_type),
@@ -319,11 +318,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
             cfg, model_type, rotary, max_positions, _rope_parameters(cfg)
         ),
         vision_parameters=vision_parameters(top, hidden),
-        gated_mlp=model_type not in _PLAIN_MLP_TYPES,
-        norm_bias=falcon,
-        norms_per_layer=(2 if new_falcon or not cfg.get("parallel_attn", True) else 1) if falcon else 2,
-        attention_bias=bool(cfg.get("attention_bias", model_type in {"qwen2", "qwen2_moe"})),
-        qk_norm=model_type in {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "lfm2", "lfm2_moe"},
+        shape=layer_shape(cfg, model_type),
         mla=mla,
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),

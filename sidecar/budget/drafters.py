@@ -146,9 +146,9 @@ def _layer_elements(arch: Architecture, tp: int, qkv_input: int, norms: int) -> 
     q_out = _split(arch.num_attention_heads, tp) * arch.head_dim
     kv_out = arch.kv_heads_per_gpu(tp) * arch.head_dim
     attention = qkv_input * (q_out + 2 * kv_out) + q_out * hidden
-    if arch.attention_bias:
+    if arch.shape.attention_bias:
         attention += q_out + 2 * kv_out
-    if arch.qk_norm:
+    if arch.shape.qk_norm:
         attention += 2 * arch.head_dim
     mlp = GATED_MLP_MATRICES * hidden * _split(arch.intermediate_size, tp)  # LlamaMLP / Qwen3MLP
     return attention + mlp + norms * hidden
@@ -170,7 +170,7 @@ def eagle_weight_bytes(request: PlanRequest, drafter: Drafter, method: str, elem
         extra = drafter.draft_vocab_size * DRAFT_ID_BYTES if mapped else 0
     else:
         for index in range(arch.num_layers):
-            total += _layer_elements(arch, tp, hidden, arch.norms_per_layer - (1 if index == 0 else 0))
+            total += _layer_elements(arch, tp, hidden, arch.shape.norms_per_layer - (1 if index == 0 else 0))
         total += 2 * hidden * hidden  # fc over the embedding and the hidden state; the target's LM head
         extra = 0
     if own_embeddings:

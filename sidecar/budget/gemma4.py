@@ -126,20 +126,3 @@ def per_layer_input_parameters(spec: Gemma4Layers, hidden: int, num_layers: int)
 def moe_block_extras(num_experts: int, hidden: int) -> int:
     """A Gemma 4 MoE layer's router scales and three norms (beyond experts, router and dense MLP)."""
     return hidden + num_experts + 3 * hidden
-
-
-def unmodelled_features(cfg: Mapping[str, Any], widths: object, model_type: str) -> tuple[str, ...]:
-    """Features of a config the plan does not model (Gemma 3n's), for a note that says so.
-
-    Gemma 4's are modelled (:mod:`sidecar.budget.gemma4`), and so are Gemma 3n's KV-shared layers.
-    """
-    features = []
-    if isinstance(widths, list):
-        features.append("per-layer MLP widths (planned at their mean)")
-    if model_type in GEMMA4_TYPES:
-        return tuple(features)
-    if cfg.get("per_layer_config") or cfg.get("global_head_dim"):
-        features.append("per-layer head sizes")
-    if first_int(cfg, "hidden_size_per_layer_input"):
-        features.append("per-layer input embeddings")
-    return tuple(features)

@@ -8,7 +8,10 @@ transformers 5.19 config classes supply what a published config omits):
   attend, ``sliding_attention`` in a window, ``chunked_attention`` in chunks; ``linear_attention`` (Qwen3.5's
   and OLMo-Hybrid's gated DeltaNet), ``mamba`` (Granite-4.0-H, Zamba2) and ``conv`` (LFM2's short
   convolutions: ``lfm2.py``, ``is_attn = layer_types[i] == "full_attention"``) keep a state. Zamba2's
-  ``hybrid`` layers (``zamba2.py``: a Mamba2 layer after the shared attention block) attend.
+  ``hybrid`` layers (``zamba2.py``: a Mamba2 layer after the shared attention block) attend, and so do the
+  ``indexed_attention`` layers transformers 5 lists for DeepSeek-V3.2 and GLM-5 (MLA over every token; the
+  indexer's own cache is named in a note, :mod:`sidecar.budget.unmodelled`). A type no rule knows is planned
+  as full attention, the most KV a layer holds, and a note names it (it used to hold nothing).
 * Nemotron-H's ``hybrid_override_pattern`` (``*`` attends, ``M`` is Mamba2); Qwen3-Next's
   ``full_attention_interval`` (every n-th layer attends, the rest are DeltaNet).
 * Jamba: ``layers_block_type`` is a property of ``JambaConfig``, not a field: layer ``i`` attends when
@@ -74,9 +77,12 @@ _LISTED_KINDS = {
     "hybrid": LayerKind.FULL,  # Zamba2: the shared attention block, then a Mamba2 layer
     "sliding_attention": LayerKind.SLIDING,
     "chunked_attention": LayerKind.CHUNKED,
+    "indexed_attention": LayerKind.FULL,  # DeepSeek-V3.2, GLM-5 (transformers 5): MLA KV for every token
     "linear_attention": LayerKind.STATE,  # Qwen3.5's and OLMo-Hybrid's gated DeltaNet
     "mamba": LayerKind.STATE,
     "conv": LayerKind.STATE,  # LFM2's short convolution
+    "mlp": LayerKind.NONE,  # Nemotron-H as transformers 5 lists it: a layer that is an MLP alone
+    "moe": LayerKind.NONE,  # ... or its experts alone
 }
 
 
@@ -106,11 +112,19 @@ def _llama4_layer_kinds(cfg: Mapping[str, Any], num_layers: int, chunk: int | No
     return tuple(LayerKind.CHUNKED if chunk and uses_rope else LayerKind.FULL for uses_rope in rope)
 
 
+def unlisted_layer_types(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    """The layer types a config lists that no rule here knows (each is planned as full attention)."""
+    layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if not isinstance(layer_types, list):
+        return ()
+    return tuple(sorted({str(t) for t in layer_types} - set(_LISTED_KINDS)))
+
+
 def _declared_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[LayerKind, ...] | None:
     """Kinds a config declares layer by layer (lists, patterns, periods), ``None`` when it declares none."""
     layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
-        return tuple(_LISTED_KINDS.get(str(t), LayerKind.NONE) for t in layer_types)
+        return tuple(_LISTED_KINDS.get(str(t), LayerKind.FULL) for t in layer_types)
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == num_layers:  # Nemotron-H: "*" attends, "M" is Mamba2
         return tuple({"*": LayerKind.FULL, "M": LayerKind.STATE}.get(c, LayerKind.NONE) for c in pattern)

@@ -248,7 +248,7 @@ class _Shapes:
         return down + query + kv_up + out
 
     def mlp(self, width: int) -> int:
-        gated = self.arch.gated_mlp  # gate and up: two outputs, in one slice when fused on disk (Phi-3)
+        gated = self.arch.shape.gated_mlp  # gate and up: two outputs, in one slice when fused on disk (Phi-3)
         slices = self.facts.gate_up_slices if gated else 1
         outputs = (2 if gated else 1) * width // self.tp
         up = _column(self.rank_a, self.rank, self.arch.hidden_size, outputs, slices)

@@ -31,6 +31,7 @@ from sidecar.budget.gemma4 import GEMMA4_TYPES
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
+ERNIE_MOE_TYPES: Final = frozenset({"ernie4_5_moe"})
 LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
 """``Llama4TextConfig.intermediate_size_mlp``'s default (transformers 5.19), for a config that omits it."""
 
@@ -69,15 +70,27 @@ def _llama4_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ..
     return tuple(range(step - 1, num_layers, step)) if step > 0 else ()
 
 
+def _ernie_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
+    start = first_int(cfg, "moe_layer_start_index") or 0
+    end = first_int(cfg, "moe_layer_end_index")
+    end = num_layers - 1 if end is None else end
+    step = first_int(cfg, "moe_layer_interval") or 1
+    return tuple(i for i in range(num_layers) if (i + 1) % step == 0 and start <= i <= end)
+
+
 def moe_from_config(
     cfg: Mapping[str, Any], model_type: str, intermediate_size: int, num_layers: int
 ) -> MoeSpec | None:
     """The MoE layers of the language model ``cfg`` describes, or ``None`` for a dense model."""
-    experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts")
+    experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
     if not experts or experts <= 1:
         return None
-    expert_size = first_int(cfg, "moe_intermediate_size") or intermediate_size
-    top_k = first_int(cfg, "num_experts_per_tok", "moe_topk") or 1
+    widths = cfg.get("moe_intermediate_size")
+    text_width = None
+    if isinstance(widths, list) and widths and all(isinstance(w, int) for w in widths):  # ERNIE 4.5 VL
+        cfg, text_width = {**cfg, "moe_intermediate_size": sum(widths)}, widths[0]
+    expert_size = first_int(cfg, "moe_intermediate_size", "expert_ffn_hidden_size") or intermediate_size
+    top_k = first_int(cfg, "num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k") or 1
     if model_type in LLAMA4_TYPES:
         return MoeSpec(
             num_experts=experts,
@@ -110,8 +123,13 @@ def moe_from_config(
         period, offset = first_int(cfg, "expert_layer_period"), first_int(cfg, "expert_layer_offset")
         if period and offset is not None:
             moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
-    shared = first_int(cfg, "n_shared_experts") or 0
-    shared_size = shared * expert_size
+    if model_type in ERNIE_MOE_TYPES:
+        moe_layers = _ernie_moe_layers(cfg, num_layers)
+    kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
+    if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
+        moe_layers = tuple(i for i, kind in enumerate(kinds) if kind != "dense")
+    shared = first_int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts") or 0
+    shared_size = shared * (text_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
     if one_shared:
         shared, shared_size = 1, one_shared

@@ -24,9 +24,6 @@ SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
 
 
 _FULL_WIDTH_QK_NORM_TYPES = frozenset({"olmo2", "olmo3", "olmo_hybrid"})
-_OUTPUT_BIAS_TYPES = frozenset({"llama", "gpt_oss", "falcon_h1"})
-"""Families whose ``o_proj`` takes ``attention_bias`` too (transformers' ``LlamaAttention``,
-``GptOssAttention``, ``FalconH1Attention``); Qwen2's and GLM-4.5's have biases on q, k and v only."""
 
 
 def _attention_parameters(arch: Architecture) -> int:
@@ -36,12 +33,14 @@ def _attention_parameters(arch: Architecture) -> int:
     q_size = arch.num_attention_heads * arch.head_dim
     kv_size = arch.num_kv_heads * arch.head_dim
     total = hidden * (q_size + 2 * kv_size) + q_size * hidden
-    if arch.attention_bias:
-        total += q_size + 2 * kv_size + (hidden if arch.model_type in _OUTPUT_BIAS_TYPES else 0)
-    if arch.qk_norm:
+    if arch.shape.attention_bias:
+        total += q_size + 2 * kv_size + (hidden if arch.shape.output_bias else 0)
+    if arch.shape.qk_norm:
         total += 2 * arch.head_dim
     if arch.model_type in _FULL_WIDTH_QK_NORM_TYPES:  # OLMo 2's q_norm and k_norm span the projections
         total += q_size + kv_size
+    if arch.shape.attention_gate:
+        total += hidden * q_size
     if arch.model_type in QWEN_GATED_ATTENTION_TYPES:  # Qwen3-Next, Qwen3.5: a gate on the output
         total += hidden * q_size + 2 * arch.head_dim  # q_proj twice as wide, q and k norms
     return total
@@ -63,10 +62,12 @@ def _mla_parameters(arch: Architecture, mla: MlaSpec) -> int:
 def _mlp_parameters(arch: Architecture, layer: int) -> int:
     hidden = arch.hidden_size
     moe = arch.moe
+    gated = arch.shape.gated_mlp
+    matrices = _GATED_MLP_MATRICES if gated else 2  # Nemotron-H's experts too: up and down (relu2)
     if moe is None or not moe.is_moe_layer(layer):
-        matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2
-        return matrices * hidden * dense_mlp_width(arch)
-    matrices = _GATED_MLP_MATRICES if arch.gated_mlp else 2  # Nemotron-H's experts: up and down (relu2)
+        width = dense_mlp_width(arch)
+        biases = ((2 if gated else 1) * width + hidden) if arch.shape.mlp_bias else 0
+        return matrices * hidden * width + biases + arch.shape.activation_parameters
     experts = moe.num_experts * matrices * hidden * moe.expert_intermediate_size
     shared = matrices * hidden * moe.shared_intermediate_size + (hidden if moe.shared_gate else 0)
     router = hidden * moe.num_experts
@@ -74,7 +75,7 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
 
 
 def _norm_parameters(arch: Architecture) -> int:
-    return 2 * arch.hidden_size if arch.norm_bias else arch.hidden_size
+    return 2 * arch.hidden_size if arch.shape.norm_bias else arch.hidden_size
 
 
 def _gemma4_layer_parameters(arch: Architecture, spec: gemma4.Gemma4Layers, layer: int) -> int:
@@ -108,7 +109,7 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
         mixer += arch.state.mixer_parameters(arch.hidden_size)
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
         return norm + (mixer if kind in (LayerKind.STATE, LayerKind.FULL) else _mlp_parameters(arch, layer))
-    norms = 4 * arch.hidden_size if arch.model_type.startswith("gemma") else arch.norms_per_layer * norm
+    norms = arch.shape.norms_per_layer * norm
     return mixer + _mlp_parameters(arch, layer) + norms
 
 
@@ -134,8 +135,9 @@ def parameter_count(arch: Architecture) -> int:
 
 
 def embedding_parameter_count(arch: Architecture) -> int:
-    """Parameters of the token embeddings and the LM head (one matrix when tied)."""
-    return arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    """Parameters of the token embeddings and the LM head (one matrix when tied), and learned positions."""
+    tokens = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return tokens + arch.shape.learned_positions * arch.hidden_size
 
 
 def expert_parameter_count(arch: Architecture) -> int:

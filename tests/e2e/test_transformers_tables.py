@@ -1,8 +1,9 @@
 """The tables generated from transformers and vLLM are current: regenerated with the vLLM environment.
 
 ``sidecar/budget/config_defaults.json`` (the defaults a config leaves out),
-``tests/data/hf-configs/transformers-reference.json`` (how transformers reads each corpus config) and
-``sidecar/budget/vllm_model_classes.json`` (what vLLM's model classes declare about LoRA and EAGLE-3) are data
+``tests/data/hf-configs/transformers-reference.json`` (how transformers reads each corpus config),
+``tests/data/transformers-defaults-sweep.json`` (every family vLLM serves, as transformers builds its default
+config) and ``sidecar/budget/vllm_model_classes.json`` (what vLLM's model classes declare about LoRA and EAGLE-3) are data
 the offline tiers use; if one drifted from its source, these fail with the command to refresh it.
 """
 
@@ -18,7 +19,13 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.parametrize(
-    "script", ["gen_config_defaults.py", "transformers_reference.py", "gen_vllm_model_classes.py"]
+    "script",
+    [
+        "gen_config_defaults.py",
+        "transformers_reference.py",
+        "transformers_defaults_sweep.py",
+        "gen_vllm_model_classes.py",
+    ],
 )
 def test_generated_from_transformers_and_current(vllm_env: Path, script: str) -> None:
     result = subprocess.run(

@@ -1,0 +1,74 @@
+"""What of a config the plan does not model, named so that ``plan``'s notes and the drift diagnosis say so.
+
+A family the planner reads as Llama-shaped but that is not (found by planning transformers' default config of
+every family vLLM 0.32.0 serves: ``tests/unit/test_defaults_sweep.py``) must not be planned silently. Each
+feature below is recognised by the config fields that carry it; the first ones change the KV per token, so
+the pool vLLM reports differs from the plan's (the sidecar admits by the engine's pool):
+
+* a **sparse-attention indexer** (``index_head_dim``, ``index_n_heads``: DeepSeek-V3.2, GLM-5, Hunyuan v4)
+  keeps a cache of its own beside the attention's (vLLM 0.32.0 ``DeepseekV32IndexerCache``, an
+  ``MLAAttentionSpec`` of ``index_head_dim`` plus its FP8 scales per token and layer) and adds projections;
+* **value heads of another size than the key heads** outside MLA (``v_head_dim``: MiMo-V2-Flash's 192 and
+  128; vLLM 0.32.0 caches ``head_size + head_size_v`` per KV head, ``AttentionSpec.real_page_size_bytes``);
+* **sliding-window layers with a head geometry of their own** (``swa_num_key_value_heads``,
+  ``swa_head_dim``, ``swa_v_head_dim``, ``num_sliding_attention_heads``: MiMo-V2-Flash, Inkling, Step-3.5);
+* **two attention blocks and two MLPs per layer** (LongCat-Flash, ``zero_expert_num``), with
+  zero-computation experts;
+* **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
+* **layer types no rule knows** (DeepSeek-V4's ``compressed_sparse_attention``, Inkling's ``hybrid_sliding``):
+  planned as full attention, which holds the most KV a layer can, so the pool is not overestimated;
+* parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths (Gemma 3n, planned at their
+  mean), per-layer head sizes and per-layer input embeddings outside Gemma 4 (which models them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sidecar.budget.config_fields import first_int
+from sidecar.budget.gemma4 import GEMMA4_TYPES
+from sidecar.budget.layer_kinds import unlisted_layer_types
+
+_SLIDING_GEOMETRY = (
+    ("swa_num_key_value_heads", "num_key_value_heads"), ("swa_head_dim", "head_dim"),
+    ("swa_v_head_dim", "v_head_dim"), ("swa_num_attention_heads", "num_attention_heads"),
+    ("num_sliding_attention_heads", "num_attention_heads"),
+)  # fmt: skip
+
+
+def _differs(cfg: Mapping[str, Any], own: str, main: str) -> bool:
+    value = first_int(cfg, own)
+    return value is not None and value != first_int(cfg, main)
+
+
+def unmodelled_features(
+    cfg: Mapping[str, Any], widths: object, model_type: str, *, mla: bool
+) -> tuple[str, ...]:
+    """The features of ``cfg`` (defaults filled in) that the plan leaves out, in words."""
+    features = []
+    if isinstance(widths, list):
+        features.append("per-layer MLP widths (planned at their mean)")
+    if model_type not in GEMMA4_TYPES:
+        if cfg.get("per_layer_config") or cfg.get("global_head_dim"):
+            features.append("per-layer head sizes")
+        if first_int(cfg, "hidden_size_per_layer_input"):
+            features.append("per-layer input embeddings")
+    if first_int(cfg, "index_head_dim", "index_n_heads") is not None:
+        features.append("sparse-attention indexer and its KV cache")
+    if not mla and _differs(cfg, "v_head_dim", "head_dim"):
+        features.append("value heads of another size than the key heads (KV per token)")
+    if any(_differs(cfg, own, main) for own, main in _SLIDING_GEOMETRY):
+        features.append("sliding-window layers' own head geometry (KV per token)")
+    if first_int(cfg, "zero_expert_num") is not None:
+        features.append(
+            "two attention blocks and two MLPs per layer (KV per token), zero-computation experts"
+        )
+    if first_int(cfg, "num_layers_per_stack") is not None:
+        features.append("recurrent layer stacks")
+    if (first_int(cfg, "hc_mult") or 0) > 1:
+        features.append("hyper-connections")
+    unlisted = unlisted_layer_types(cfg)
+    if unlisted:
+        features.append(f"layer types {', '.join(unlisted)} (planned as full attention)")
+    return tuple(features)
