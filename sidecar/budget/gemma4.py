@@ -27,6 +27,9 @@ Read in transformers 5.19 (``models/gemma4/configuration_gemma4.py``, ``Gemma4Te
 
 Full-attention layers with a page larger or smaller than the sliding layers' make vLLM scale the smaller
 page's block size (:class:`sidecar.budget.kv_terms.KvPages`).
+
+Gemma 4 Unified (``gemma4_unified``) is the same text model: vLLM 0.32.0 builds it with ``Gemma4ForCausalLM``
+(``gemma4_unified.py``), and transformers 5.19's ``Gemma4UnifiedTextConfig`` saves ``per_layer_config``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
 
-GEMMA4_TYPES: Final = frozenset({"gemma4", "gemma4_text"})
+GEMMA4_TYPES: Final = frozenset({"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text"})
 KV_SHARING_TYPES: Final = GEMMA4_TYPES | frozenset({"gemma3n", "gemma3n_text"})
 GLOBAL_HEAD_DIM_DEFAULT: Final = 512
 """``Gemma4TextConfig.__post_init__``: ``kwargs.pop("global_head_dim", 512)`` (transformers 5.19)."""

@@ -54,7 +54,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "deepseek_v4": (NOTED, "the indexer, hyper-connections, its compressed attention", 0.024),
     "hy_v4": (NOTED, "the indexer, hyper-connections", -0.015),
     "gemma3n_text": (NOTED, "per-layer MLP widths and input embeddings", -0.36),
-    "gemma4_unified": (NOTED, "per-layer head sizes", -0.024),
     "inkling_text": (NOTED, "the sliding layers' own heads", -0.0012),
     "inkling_mm_model": (NOTED, "the sliding layers' own heads", -0.0013),
     "mimo_v2_flash": (NOTED, "value heads of their own size", 0.0022),
