@@ -30,6 +30,7 @@ from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
 from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
+from sidecar.budget.mimo import MimoLayers, mimo_layers, sliding_window
 from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
@@ -100,6 +101,7 @@ class Architecture:
     kv_shared_layers: int = 0  # trailing layers that read an earlier layer's KV (Gemma 3n and 4)
     gemma4: Gemma4Layers | None = None  # Gemma 4's full-attention geometry, per-layer inputs, MoE block
     zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
+    mimo: MimoLayers | None = None  # MiMo-V2's sliding and full attention geometries
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -116,6 +118,8 @@ class Architecture:
 
     def full_kv_elements_per_token_per_layer(self, tensor_parallel_size: int) -> int:
         """Cached elements one token adds to one full-attention layer on one GPU."""
+        if self.mimo is not None:
+            return self.mimo.full.kv_elements(tensor_parallel_size)
         if self.gemma4 is None:
             return self.kv_elements_per_token_per_layer(tensor_parallel_size)
         head_dim, kv_heads = self.full_attention_geometry()
@@ -131,6 +135,10 @@ class Architecture:
         """Cached elements one token adds to one attention layer on one GPU (K and V, or the MLA latent)."""
         if self.mla is not None:
             return self.mla.latent_size
+        if (
+            self.mimo is not None
+        ):  # the sliding layers' (the full ones': full_kv_elements_per_token_per_layer)
+            return self.mimo.sliding.kv_elements(tensor_parallel_size)
         return 2 * self.kv_heads_per_gpu(tensor_parallel_size) * self.head_dim
 
     @property
@@ -310,7 +318,8 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         kv_shared_layers=kv_shared_layers(cfg, model_type, num_layers),
         gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
         zamba2=zamba2_blocks(cfg, model_type),
-        sliding_window=first_int(cfg, "sliding_window"),
+        mimo=mimo_layers(cfg, model_type, heads, kv_heads, head_dim),
+        sliding_window=sliding_window(cfg, model_type),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,
         derived_max_model_len=_derived_max_len(cfg, model_type),

@@ -40,6 +40,7 @@ from typing import Any
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
+from sidecar.budget.mimo import MIMO_TYPES, hybrid_pattern
 from sidecar.budget.moe import LLAMA4_TYPES
 from sidecar.budget.zamba2 import ZAMBA2, hybrid_layer_count
 
@@ -134,6 +135,9 @@ def _declared_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) ->
     period, offset = first_int(cfg, "attn_layer_period"), first_int(cfg, "attn_layer_offset")
     if model_type == "jamba" and period and offset is not None:  # JambaConfig's defaults fill them (8, 4)
         return tuple(LayerKind.FULL if i % period == offset else LayerKind.STATE for i in range(num_layers))
+    sliding = hybrid_pattern(cfg, num_layers) if model_type in MIMO_TYPES else None
+    if sliding is not None:  # MiMo-V2: hybrid_layer_pattern, 1 for a sliding layer (sidecar.budget.mimo)
+        return tuple(LayerKind.SLIDING if slides else LayerKind.FULL for slides in sliding)
     linear = cfg.get("linear_attn_config")
     if isinstance(linear, Mapping) and isinstance(linear.get("kda_layers"), list):  # Kimi Linear, 1-based
         kda = {n for n in linear["kda_layers"] if isinstance(n, int)}

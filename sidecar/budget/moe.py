@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
+from sidecar.budget.mimo import MIMO_TYPES, moe_layer_freq
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
@@ -125,6 +126,8 @@ def moe_from_config(
             moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
     if model_type in ERNIE_MOE_TYPES:
         moe_layers = _ernie_moe_layers(cfg, num_layers)
+    if model_type in MIMO_TYPES:
+        moe_layers = moe_layer_freq(cfg) or moe_layers
     kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
     if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
         moe_layers = tuple(i for i, kind in enumerate(kinds) if kind != "dense")

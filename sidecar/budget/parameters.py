@@ -26,10 +26,15 @@ SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
 _FULL_WIDTH_QK_NORM_TYPES = frozenset({"olmo2", "olmo3", "olmo_hybrid"})
 
 
-def _attention_parameters(arch: Architecture) -> int:
+def _attention_parameters(arch: Architecture, kind: LayerKind) -> int:
     hidden = arch.hidden_size
     if arch.mla is not None:
         return _mla_parameters(arch, arch.mla)
+    if arch.mimo is not None:  # MiMo-V2: each kind its own heads; sinks in the sliding layers
+        if kind is LayerKind.SLIDING:
+            sinks = arch.mimo.sliding.heads if arch.mimo.sliding_sinks else 0
+            return arch.mimo.sliding.parameters(hidden) + sinks
+        return arch.mimo.full.parameters(hidden)
     q_size = arch.num_attention_heads * arch.head_dim
     kv_size = arch.num_kv_heads * arch.head_dim
     total = hidden * (q_size + 2 * kv_size) + q_size * hidden
@@ -104,7 +109,7 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     norm = _norm_parameters(arch)
     kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
     state = arch.state if kind is LayerKind.STATE else None
-    mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch)
+    mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch, kind)
     if arch.parallel_state_layers and arch.state is not None:  # Falcon-H1: a Mamba2 mixer beside attention
         mixer += arch.state.mixer_parameters(arch.hidden_size)
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm

@@ -8,10 +8,12 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
 * a **sparse-attention indexer** (``index_head_dim``, ``index_n_heads``: DeepSeek-V3.2, GLM-5, Hunyuan v4)
   keeps a cache of its own beside the attention's (vLLM 0.32.0 ``DeepseekV32IndexerCache``, an
   ``MLAAttentionSpec`` of ``index_head_dim`` plus its FP8 scales per token and layer) and adds projections;
-* **value heads of another size than the key heads** outside MLA (``v_head_dim``: MiMo-V2-Flash's 192 and
-  128; vLLM 0.32.0 caches ``head_size + head_size_v`` per KV head, ``AttentionSpec.real_page_size_bytes``);
+* **value heads of another size than the key heads** outside MLA and MiMo-V2 (``v_head_dim``; vLLM 0.32.0
+  caches ``head_size + head_size_v`` per KV head, ``AttentionSpec``; MiMo-V2 is modelled,
+  :mod:`sidecar.budget.mimo`);
 * **sliding-window layers with a head geometry of their own** (``swa_num_key_value_heads``,
-  ``swa_head_dim``, ``swa_v_head_dim``, ``num_sliding_attention_heads``: MiMo-V2-Flash, Inkling, Step-3.5);
+  ``swa_head_dim``, ``swa_v_head_dim``, ``num_sliding_attention_heads``: Inkling, Step-3.5; MiMo-V2's are
+  modelled);
 * **two attention blocks and two MLPs per layer** (LongCat-Flash, ``zero_expert_num``), with
   zero-computation experts;
 * **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
@@ -29,6 +31,7 @@ from typing import Any
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.layer_kinds import unlisted_layer_types
+from sidecar.budget.mimo import MIMO_TYPES
 
 _SLIDING_GEOMETRY = (
     ("swa_num_key_value_heads", "num_key_value_heads"), ("swa_head_dim", "head_dim"),
@@ -56,9 +59,10 @@ def unmodelled_features(
             features.append("per-layer input embeddings")
     if first_int(cfg, "index_head_dim", "index_n_heads") is not None:
         features.append("sparse-attention indexer and its KV cache")
-    if not mla and _differs(cfg, "v_head_dim", "head_dim"):
+    mimo = model_type in MIMO_TYPES  # both modelled there (sidecar.budget.mimo)
+    if not mla and not mimo and _differs(cfg, "v_head_dim", "head_dim"):
         features.append("value heads of another size than the key heads (KV per token)")
-    if any(_differs(cfg, own, main) for own, main in _SLIDING_GEOMETRY):
+    if not mimo and any(_differs(cfg, own, main) for own, main in _SLIDING_GEOMETRY):
         features.append("sliding-window layers' own head geometry (KV per token)")
     if first_int(cfg, "zero_expert_num") is not None:
         features.append(

@@ -56,7 +56,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "gemma3n_text": (NOTED, "per-layer MLP widths and input embeddings", -0.36),
     "inkling_text": (NOTED, "the sliding layers' own heads", -0.0012),
     "inkling_mm_model": (NOTED, "the sliding layers' own heads", -0.0013),
-    "mimo_v2_flash": (NOTED, "value heads of their own size", 0.0022),
     "kimi_linear": (NOTED, "its KDA state layers", -0.005),
     "longcat_flash": (NOTED, "two attention blocks and two MLPs a layer", -0.27),
     "hrm_text": (NOTED, "its recurrent stacks", 1.83),
