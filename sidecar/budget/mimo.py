@@ -1,4 +1,6 @@
-"""MiMo-V2-Flash's layers as vLLM 0.32.0 builds them: two attention geometries, and values narrower than keys. Pure.
+"""MiMo-V2-Flash's layers as vLLM 0.32.0 builds them: two attention geometries, values narrower than keys.
+
+Pure.
 
 Read in vLLM 0.32.0 as installed (``vllm/model_executor/models/mimo_v2.py``: ``MiMoV2FlashDecoderLayer``,
 ``MiMoV2Attention``; ``vllm/v1/kv_cache_interface.py``: ``AttentionSpec``) for the published checkpoint's

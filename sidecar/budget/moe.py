@@ -79,6 +79,26 @@ def _ernie_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...
     return tuple(i for i in range(num_layers) if (i + 1) % step == 0 and start <= i <= end)
 
 
+def _listed_moe_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int, ...] | None:
+    """The MoE layers a family lists or patterns, ``None`` for "every layer from the dense ones on"."""
+    moe_layers = None
+    if model_type == "nemotron_h":  # only its "E" (transformers 5: "moe") blocks hold experts
+        blocks = cfg.get("layers_block_type") or list(str(cfg.get("hybrid_override_pattern") or ""))
+        moe_layers = tuple(i for i, block in enumerate(blocks) if block in ("E", "moe"))
+    if model_type == "jamba":  # JambaConfig.layers_num_experts: experts where i % period == offset
+        period, offset = first_int(cfg, "expert_layer_period"), first_int(cfg, "expert_layer_offset")
+        if period and offset is not None:
+            moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
+    if model_type in ERNIE_MOE_TYPES:
+        moe_layers = _ernie_moe_layers(cfg, num_layers)
+    if model_type in MIMO_TYPES:
+        moe_layers = moe_layer_freq(cfg) or moe_layers
+    kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
+    if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
+        moe_layers = tuple(i for i, kind in enumerate(kinds) if kind != "dense")
+    return moe_layers
+
+
 def moe_from_config(
     cfg: Mapping[str, Any], model_type: str, intermediate_size: int, num_layers: int
 ) -> MoeSpec | None:
@@ -114,23 +134,9 @@ def moe_from_config(
             shared_experts=1,
             shared_intermediate_size=intermediate_size,
         )
-    moe_layers = None
-    if model_type == "nemotron_h":  # only its "E" (transformers 5: "moe") blocks hold experts
-        blocks = cfg.get("layers_block_type") or list(str(cfg.get("hybrid_override_pattern") or ""))
-        moe_layers = tuple(i for i, block in enumerate(blocks) if block in ("E", "moe"))
-        if not moe_layers:
-            return None
-    if model_type == "jamba":  # JambaConfig.layers_num_experts: experts where i % period == offset
-        period, offset = first_int(cfg, "expert_layer_period"), first_int(cfg, "expert_layer_offset")
-        if period and offset is not None:
-            moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
-    if model_type in ERNIE_MOE_TYPES:
-        moe_layers = _ernie_moe_layers(cfg, num_layers)
-    if model_type in MIMO_TYPES:
-        moe_layers = moe_layer_freq(cfg) or moe_layers
-    kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
-    if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
-        moe_layers = tuple(i for i, kind in enumerate(kinds) if kind != "dense")
+    moe_layers = _listed_moe_layers(cfg, model_type, num_layers)
+    if model_type == "nemotron_h" and not moe_layers:
+        return None
     shared = first_int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts") or 0
     shared_size = shared * (text_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
