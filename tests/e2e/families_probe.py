@@ -7,16 +7,23 @@ layers or four, vocabulary 512), one per family whose layer the plan used to rea
   layer dense (``moe_layer_start_index`` 1);
 * ``starcoder2``: a two-matrix MLP with biases everywhere (``use_bias``) and LayerNorms with a bias;
 * ``arcee``: a two-matrix ReLU^2 MLP;
-* ``exaone-moe``: ``num_shared_experts``, QK norms, the first layer dense.
+* ``exaone-moe``: ``num_shared_experts``, QK norms, the first layer dense;
+* ``mimo``: MiMo-V2-Flash's layout as its published config gives it (``hybrid_layer_pattern`` [0, 1, 1, 0],
+  ``sliding_window_size`` 64, ``moe_layer_freq``, sinks in the sliding layers), the sliding layers with four KV
+  heads of their own (``swa_num_key_value_heads``) where the full ones have two. transformers 5.19's
+  ``MiMoV2FlashForCausalLM`` builds every layer alike, so the sliding layers' key and value projections are
+  rewritten at their own shape after saving. Keys and values keep one size: vLLM's CPU server has no
+  attention backend for values narrower than keys (``*_DIFFKV`` need a GPU).
 
 ``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) and print per run the
 names of the parameters vLLM built (the CPU backend repacks linear weights, so their sizes read 0 there: the
-names are the evidence), the block size, the blocks and the maximum concurrency. Used by
+names are the evidence), the KV groups (layers, block size), the blocks and the maximum concurrency. Used by
 ``test_families.py``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +51,54 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {  # name: (config class, m
 }  # fmt: skip
 
 
+MIMO_PATTERN = [0, 1, 1, 0]
+MIMO_SLIDING_KV_HEADS = 4
+MIMO_PUBLISHED: dict[str, Any] = {  # what the published config.json adds to transformers' fields
+    "hybrid_layer_pattern": MIMO_PATTERN, "sliding_window_size": 64, "moe_layer_freq": [0, 1, 1, 1],
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": MIMO_SLIDING_KV_HEADS, "swa_head_dim": 32,
+    "swa_v_head_dim": 32, "add_swa_attention_sink_bias": True, "layernorm_epsilon": 1e-5,
+}  # fmt: skip
+MODELS["mimo"] = (
+    "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM",
+    {"v_head_dim": 32, "moe_intermediate_size": 64, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "sliding_window": 64, "layer_types": ["sliding_attention" if p else "full_attention" for p in MIMO_PATTERN],
+     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]},
+)  # fmt: skip
+
+
+def _mimo_as_published(folder: Path) -> None:
+    """The published config's fields, and the sliding layers' K and V projections at their own KV heads."""
+    import torch  # noqa: PLC0415 - vLLM's python has them
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    config = json.loads((folder / "config.json").read_text()) | MIMO_PUBLISHED
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    tensors = load_file(folder / "model.safetensors")
+    rows = MIMO_SLIDING_KV_HEADS * BASE["head_dim"]
+    for index in (i for i, slides in enumerate(MIMO_PATTERN) if slides):
+        for projection in ("k_proj", "v_proj"):
+            name = f"model.layers.{index}.self_attn.{projection}.weight"
+            tensors[name] = (torch.randn(rows, BASE["hidden_size"]) * 0.02).to(torch.bfloat16)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def make(tokenizer_dir: Path, root: Path) -> None:
     """The models (see the module docstring)."""
     for name, (config_class, model_class, extra) in MODELS.items():
         config = getattr(tf, config_class)(**(BASE | extra))
         inprocess.save_model(getattr(tf, model_class)(config), root / name, tokenizer_dir)
+    _mimo_as_published(root / "mimo")
 
 
 def view(worker: Any) -> dict[str, Any]:
     """The names of the parameters vLLM built, beside the pool."""
-    names = [name for name, _ in worker.model_runner.model.named_parameters()]
-    return inprocess.pool_view(worker) | {"parameters": names}
+    runner = worker.model_runner
+    names = [name for name, _ in runner.model.named_parameters()]
+    groups = [
+        {"layers": sorted(g.layer_names), "block_size": g.kv_cache_spec.block_size}
+        for g in runner.kv_cache_config.kv_cache_groups
+    ]
+    return inprocess.pool_view(worker) | {"parameters": names, "groups": groups}
 
 
 def measure(root: Path) -> None:

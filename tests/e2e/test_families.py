@@ -6,8 +6,10 @@ names of the parameters vLLM built say what each layer holds: a gate in the MLP 
 attention, its output and the MLP, LayerNorms with a bias, experts in which layers. Each must be what the plan
 reads from config.json (:mod:`sidecar.budget.layer_shape`, :mod:`sidecar.budget.moe`), and the plan's
 parameter count must be the checkpoint's. Before: ERNIE 4.5's and EXAONE-MoE's experts were not read (the
-tiny ERNIE planned as a dense model), StarCoder2's and Arcee's MLPs were counted with a gate, and StarCoder2's
-biases and LayerNorm biases were not counted.
+tiny ERNIE planned as a dense model), StarCoder2's and Arcee's MLPs were counted with a gate, StarCoder2's
+biases and LayerNorm biases were not counted, and MiMo-V2's sliding layers were planned at the full layers'
+two KV heads where vLLM gives them four (the full layers' page is then half, and vLLM gives them 256-token
+blocks).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from sidecar.budget import load_architecture
 from sidecar.budget.architecture import Architecture
+from sidecar.budget.kv_terms import kv_pages, layer_kv_bytes_per_token
 from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.units import GIB
@@ -28,7 +31,7 @@ from tests.harness.vllm import probe_runs, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("families_probe.py")
-MODELS = ["ernie-moe", "starcoder2", "arcee", "exaone-moe"]
+MODELS = ["ernie-moe", "starcoder2", "arcee", "exaone-moe", "mimo"]
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +100,8 @@ def test_the_parameters_and_the_pool_are_the_engines(engine: tuple[Path, Any], m
     ledger = build_ledger(request)
     assert (ledger.block_size, ledger.kv_pool_blocks) == (run["block_size"], run["num_blocks"])
     assert ledger.max_concurrency == round(run["max_concurrency"], 2)
+    kinds = arch.kv_kinds
+    pages = kv_pages(request, kinds, layer_kv_bytes_per_token(request), ledger.block_size)
+    for group in run["groups"]:  # each group's block: 128 tokens, or more where its page was the smaller
+        kind = arch.layer_kinds[int(group["layers"][0].split("layers.")[1].split(".")[0])]
+        assert group["block_size"] == pages.blocks[kind], (model, group)
