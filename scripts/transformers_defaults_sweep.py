@@ -5,10 +5,11 @@ families nobody collected: for every model type whose causal-LM or image-text-to
 auto mappings) is an architecture vLLM's registry names (``_VLLM_MODELS`` in
 ``vllm/model_executor/models/registry.py``, read without importing the model modules), the config
 transformers instantiates with no arguments, written as a checkpoint writes it (``to_diff_dict``: only what
-differs from the class defaults, so the sidecar's own defaults are exercised; Nemotron's
-``num_key_value_heads``, which its class leaves ``None`` and its attention divides by, is set to the head
-count and the row says so), and the parameter count of the model transformers builds from it on the
-``meta`` device, its vision tower apart (``transformers_reference.parameters_on_meta``, as for the corpus).
+differs from the class defaults, so the sidecar's own defaults are exercised; a field the class leaves
+``None`` and its own model cannot be built without is set, and the row says so: Nemotron's
+``num_key_value_heads`` to the head count, HunYuan's ``head_dim`` to hidden / heads, LFM2-MoE's
+``layer_types`` to one attention layer in three), and the parameter count of the model transformers builds
+from it on the ``meta`` device, its vision tower apart (``transformers_reference.parameters_on_meta``, as for the corpus).
 The unit tier plans each config offline and compares (``tests/unit/test_defaults_sweep.py``); the e2e tier
 regenerates the file with ``--check``. Run with the vLLM environment's Python::
 
@@ -53,6 +54,22 @@ def _families() -> dict[str, str]:
     return out
 
 
+def _repair(config: object) -> dict[str, object]:
+    """Fill the fields a class leaves ``None`` that its own model cannot be built without; what was set."""
+    repaired: dict[str, object] = {}
+    model_type = config.model_type  # type: ignore[attr-defined]
+    if model_type == "nemotron" and config.num_key_value_heads is None:  # type: ignore[attr-defined]
+        repaired["num_key_value_heads"] = config.num_attention_heads  # type: ignore[attr-defined]
+    if model_type.startswith("hunyuan_v1") and config.head_dim is None:  # type: ignore[attr-defined]
+        repaired["head_dim"] = config.hidden_size // config.num_attention_heads  # type: ignore[attr-defined]
+    if model_type == "lfm2_moe" and config.layer_types is None:  # type: ignore[attr-defined]
+        layers = config.num_hidden_layers  # type: ignore[attr-defined]
+        repaired["layer_types"] = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
+    for name, value in repaired.items():
+        setattr(config, name, value)
+    return repaired
+
+
 def _row(model_type: str, class_name: str) -> dict[str, object]:
     import transformers  # noqa: PLC0415
 
@@ -60,11 +77,7 @@ def _row(model_type: str, class_name: str) -> dict[str, object]:
         config = transformers.AutoConfig.for_model(model_type)
     except Exception as exc:  # noqa: BLE001 - a config class that needs arguments
         return {"class": class_name, "error": f"config: {type(exc).__name__}"}
-    repaired = {}
-    if (
-        getattr(config, "num_key_value_heads", 0) is None
-    ):  # Nemotron's default, which its attention divides by
-        config.num_key_value_heads = repaired["num_key_value_heads"] = config.num_attention_heads
+    repaired = _repair(config)
     published = config.to_diff_dict()
     published.pop("transformers_version", None)
     published.setdefault("model_type", config.model_type)

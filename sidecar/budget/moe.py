@@ -18,13 +18,33 @@ Llama 4 (``llama4_text``) is read as transformers 5.19 defines it (``models/llam
   shared expert (``shared_expert = Llama4TextMLP(config)``: a gated MLP of ``intermediate_size``);
 * the other layers hold a gated MLP of ``intermediate_size_mlp`` (``Llama4TextMLP(config,
   intermediate_size=config.intermediate_size_mlp)``), not of ``intermediate_size``.
+
+ERNIE 4.5's MoE (``ernie4_5_moe``) names its fields apart: ``moe_num_experts``, ``moe_k``,
+``moe_num_shared_experts`` (one shared MLP of that many times ``moe_intermediate_size``), and makes a layer a
+MoE layer when ``(i + 1) % moe_layer_interval == 0`` and ``moe_layer_start_index <= i <=
+moe_layer_end_index`` (transformers 5.19 ``Ernie4_5_MoeDecoderLayer``; vLLM 0.32.0 ``ernie45_moe.py``,
+``Ernie4_5_MoeDecoderLayer``, the end defaulting to the last layer): ERNIE-4.5-21B-A3B's first layer is dense.
+AFMoE, EXAONE-MoE and HunYuan v3 count their shared experts in ``num_shared_experts``; LongCat-Flash's experts
+are ``expert_ffn_hidden_size`` wide; DBRX names its ``moe_top_k`` (in ``ffn_config``).
+
+A config that lists its layers' MLPs (``mlp_layer_types``, which transformers 5 derives from the fields above
+and writes beside them: ``dense``, ``sparse``; DeepSeek-V4's ``moe`` and ``hash_moe``) is read by that list;
+MiMo-V2 marks its expert layers in ``moe_layer_freq``. ERNIE 4.5 VL's text model has only the list, and
+gives each modality's experts their own width (``moe_intermediate_size: [1536, 512]``, as many experts of
+each): their parameters are counted as experts of the widths summed (the shared experts are of the text
+width), so the profile's active experts are the text and image ones together, a little wider than either.
+
+HunYuan v1 MoE (``hunyuan_v1_moe``, Hunyuan-A13B) is served by vLLM 0.32.0 through its Transformers backend
+(``TransformersMoEForCausalLM``, ``registry.py``), so transformers 5.19's modelling is the engine's: every
+layer holds ``num_experts`` experts of ``intermediate_size`` (even one), a router and one ``shared_mlp`` of
+``intermediate_size``; ``moe_topk`` and ``moe_intermediate_size`` may be lists, one entry per layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
@@ -33,6 +53,11 @@ from sidecar.budget.mimo import MIMO_TYPES, moe_layer_freq
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
 ERNIE_MOE_TYPES: Final = frozenset({"ernie4_5_moe"})
+ERNIE_VL_TYPES: Final = frozenset({"ernie4_5_vl_moe", "ernie4_5_vl_moe_text"})
+HUNYUAN_MOE_TYPES: Final = frozenset({"hunyuan_v1_moe"})
+_PER_LAYER = frozenset({"moe_topk", "num_experts", "moe_intermediate_size", "num_shared_expert", "moe_k"})
+"""Fields a config may give per layer (HunYuan-A13B: ``moe_topk``, ``moe_intermediate_size``): the first
+entry stands for all, as the published lists are uniform."""
 LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
 """``Llama4TextConfig.intermediate_size_mlp``'s default (transformers 5.19), for a config that omits it."""
 
@@ -71,6 +96,10 @@ def _llama4_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ..
     return tuple(range(step - 1, num_layers, step)) if step > 0 else ()
 
 
+def _int_list(value: object) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, int) for v in value)
+
+
 def _ernie_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
     start = first_int(cfg, "moe_layer_start_index") or 0
     end = first_int(cfg, "moe_layer_end_index")
@@ -103,14 +132,17 @@ def moe_from_config(
     cfg: Mapping[str, Any], model_type: str, intermediate_size: int, num_layers: int
 ) -> MoeSpec | None:
     """The MoE layers of the language model ``cfg`` describes, or ``None`` for a dense model."""
-    experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
-    if not experts or experts <= 1:
-        return None
-    widths = cfg.get("moe_intermediate_size")
-    text_width = None
-    if isinstance(widths, list) and widths and all(isinstance(w, int) for w in widths):  # ERNIE 4.5 VL
+    widths: object = cfg.get("moe_intermediate_size")
+    text_width: int | None = None
+    if model_type in ERNIE_VL_TYPES and _int_list(widths):  # one width per modality: see the docstring
         cfg, text_width = {**cfg, "moe_intermediate_size": sum(widths)}, widths[0]
+    cfg = {**cfg, **{key: value[0] for key, value in cfg.items() if key in _PER_LAYER and _int_list(value)}}
+    experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+    if not experts or (experts <= 1 and model_type not in HUNYUAN_MOE_TYPES):
+        return None
     expert_size = first_int(cfg, "moe_intermediate_size", "expert_ffn_hidden_size") or intermediate_size
+    if model_type in HUNYUAN_MOE_TYPES:  # transformers' HunYuanMoEV1Experts: intermediate_size wide
+        expert_size, text_width = intermediate_size, intermediate_size
     top_k = first_int(cfg, "num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k") or 1
     if model_type in LLAMA4_TYPES:
         return MoeSpec(
@@ -138,6 +170,8 @@ def moe_from_config(
     if model_type == "nemotron_h" and not moe_layers:
         return None
     shared = first_int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts") or 0
+    if model_type in HUNYUAN_MOE_TYPES:  # one shared_mlp, whatever num_shared_expert says
+        shared = 1
     shared_size = shared * (text_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
     if one_shared:

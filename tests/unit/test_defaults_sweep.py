@@ -33,8 +33,8 @@ SWEEP: dict[str, Any] = json.loads(
 TOLERANCE = 0.001  # 0.1%, as the corpus: biases of routers and sinks are the largest gaps inside it
 ATTENTION_FREE = {"mamba", "mamba2", "falcon_mamba"}  # refused in one line: no attention KV to plan
 TRANSFORMERS_CANNOT = {  # transformers 5.19 cannot build a model from its own default config
-    "cohere_compass", "dbrx", "diffusion_gemma", "gemma3n", "granite4_vision", "hunyuan_v1_dense",
-    "hunyuan_v1_moe", "hunyuan_vl", "idefics3", "lfm2_moe", "qwen4_exp", "qwen4_exp_text", "smolvlm",
+    "cohere_compass", "dbrx", "diffusion_gemma", "gemma3n", "granite4_vision", "hunyuan_vl", "idefics3",
+    "qwen4_exp", "qwen4_exp_text", "smolvlm",
 }  # fmt: skip
 NOTED = "noted"  # the plan names the feature it leaves out (plan_gaps)
 TIES_BY_TEXT_CONFIG = (
@@ -149,3 +149,25 @@ def test_a_config_resaved_by_transformers_5_plans_the_same_kv() -> None:
     assert ledgers[0].kv_bytes_per_token == ledgers[1].kv_bytes_per_token > 0
     assert ledgers[0].weights_bytes == ledgers[1].weights_bytes
     assert "indexer" in (plan_gaps(architecture_from_config(resaved)) or "")
+
+
+HUNYUAN_A13B = {  # tencent/Hunyuan-A13B-Instruct's config.json, the fields the plan reads (model card: 80B total)
+    "architectures": ["HunYuanMoEV1ForCausalLM"], "model_type": "hunyuan_v1_moe", "hidden_size": 4096,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 3072, "moe_intermediate_size": [3072] * 32, "num_experts": 64, "moe_topk": [8] * 32,
+    "num_shared_expert": [1] * 32, "vocab_size": 128167, "tie_word_embeddings": True, "use_qk_norm": True,
+    "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_per_layer_expert_lists_plan() -> None:
+    """HunYuan-A13B gives ``moe_topk`` and ``moe_intermediate_size`` per layer. Before: refused ("must be a
+    whole number")."""
+    arch = architecture_from_config(HUNYUAN_A13B)
+    assert arch.moe is not None
+    assert (arch.moe.num_experts, arch.moe.experts_per_token, arch.moe.expert_intermediate_size) == (
+        64,
+        8,
+        3072,
+    )
+    assert parameter_count(arch) == pytest.approx(80e9, rel=0.02)
