@@ -28,6 +28,7 @@ from sidecar.budget.config_fields import first_int
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
+from sidecar.budget.indexer import IndexerSpec, indexer_spec
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
 from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
 from sidecar.budget.mimo import MimoLayers, mimo_layers, sliding_window
@@ -102,6 +103,7 @@ class Architecture:
     gemma4: Gemma4Layers | None = None  # Gemma 4's full-attention geometry, per-layer inputs, MoE block
     zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
     mimo: MimoLayers | None = None  # MiMo-V2's sliding and full attention geometries
+    indexer: IndexerSpec | None = None  # DeepSeek-V3.2's sparse-attention indexer (its cache and weights)
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -319,6 +321,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
         zamba2=zamba2_blocks(cfg, model_type),
         mimo=mimo_layers(cfg, model_type, heads, kv_heads, head_dim),
+        indexer=indexer_spec(cfg, model_type, num_layers),
         sliding_window=sliding_window(cfg, model_type),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

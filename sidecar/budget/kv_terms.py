@@ -24,14 +24,16 @@ if TYPE_CHECKING:
 
 
 def layer_kv_bytes_per_token(request: PlanRequest) -> float:
-    """Bytes one token costs in one attention layer on one GPU."""
+    """Bytes one token costs in one attention layer on one GPU (with a DSA indexer's cache, on average)."""
     arch = request.architecture
     served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
     if normalise_dtype(request.kv_cache_dtype) == "auto" and served in FLOAT_DTYPES:
         element = WEIGHT_DTYPES[served]  # --dtype float32: the KV cache is float32 too
     else:
         element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
-    return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element
+    indexer = arch.indexer  # its own cache in the same group: spread over the layers, the total is exact
+    indexed = indexer.cache_bytes_per_token * len(indexer.layers) / arch.num_layers if indexer else 0.0
+    return arch.kv_elements_per_token_per_layer(request.tensor_parallel_size) * element + indexed
 
 
 @dataclass(frozen=True, slots=True)

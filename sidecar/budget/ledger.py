@@ -22,10 +22,17 @@ max_model_len), block) + 1`` blocks per request, a chunked local-attention layer
 KV cache group's layers, half the layers of a model with one full and one sliding group:
 :mod:`sidecar.budget.kv_groups`).
 
+Layers that cache other than ``2 x KV heads x head size`` have a module each: Gemma 4's full layers
+(:mod:`sidecar.budget.gemma4`), MiMo-V2's sliding and full layers with values narrower than keys
+(:mod:`sidecar.budget.mimo`), DeepSeek-V3.2's indexer cache beside MLA's latent
+(:mod:`sidecar.budget.indexer`); pages of different sizes are unified as vLLM does
+(:class:`sidecar.budget.kv_terms.KvPages`).
+
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
-latent is replicated). **Pipeline parallelism** gives each stage its layers, and the pool is the
-smallest stage's (:mod:`sidecar.budget.pipeline`). **Data parallelism** runs that many engines; each has
-its own pool, but a MoE model's experts are spread over all of their GPUs (:mod:`sidecar.budget.experts`).
+latent and a DSA indexer's cache and weights are replicated). **Pipeline parallelism** gives each stage its
+layers, and the pool is the smallest stage's (:mod:`sidecar.budget.pipeline`). **Data parallelism** runs that
+many engines; each has its own pool, but a MoE model's experts are spread over all of their GPUs
+(:mod:`sidecar.budget.experts`).
 Memory figures are per GPU; token counts are per engine.
 
 **Weights and activation as vLLM profiles them** live in :mod:`sidecar.budget.profile`: vLLM's view

@@ -115,6 +115,8 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
         return norm + (mixer if kind in (LayerKind.STATE, LayerKind.FULL) else _mlp_parameters(arch, layer))
     norms = arch.shape.norms_per_layer * norm
+    if arch.indexer is not None and layer in arch.indexer.layers:  # DeepSeek-V3.2's indexer
+        mixer += arch.indexer.parameters(arch.hidden_size)
     return mixer + _mlp_parameters(arch, layer) + norms
 
 

@@ -172,7 +172,7 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
     arch, tp = request.architecture, request.tensor_parallel_size
     dtype = request.effective_weight_dtype
     unquantised = weight_bytes_per_param("bf16")
-    beside = rope_cache_bytes(request) + mla_absorbed_bytes(request)  # tensors beside the parameters
+    beside = rope_cache_bytes(request) + mla_absorbed_bytes(request) + indexer_replicas_bytes(request)
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
         return beside + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))
@@ -183,6 +183,23 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
         spread = experts * weight_bytes_per_param(dtype) * share
         return beside + round((quantised + embeddings * unquantised) / tp + spread)
     return beside + paper_weights_per_gpu(request, params)
+
+
+def indexer_replicas_bytes(request: PlanRequest) -> int:
+    """A DSA indexer's weights on one GPU beyond their 1/TP share of the parameters (:mod:`...indexer`).
+
+    The indexers are whole on every GPU, ``wk_weights_proj`` 16-bit whatever the checkpoint's quantisation;
+    the parameter count spreads them over the GPUs at its dtype like every other weight.
+    """
+    arch, tp = request.architecture, request.tensor_parallel_size
+    indexer = arch.indexer
+    if indexer is None:
+        return 0
+    dtype = request.effective_weight_dtype
+    element = weight_bytes_per_param(dtype if dtype != "mxfp4" else "bf16")
+    whole = indexer.bytes_per_gpu(arch.hidden_size, element)
+    share = indexer.parameters(arch.hidden_size) * element / tp
+    return round((whole - share) * len(indexer.layers))
 
 
 def mla_absorbed_bytes(request: PlanRequest) -> int:

@@ -5,9 +5,9 @@ every family vLLM 0.32.0 serves: ``tests/unit/test_defaults_sweep.py``) must not
 feature below is recognised by the config fields that carry it; the first ones change the KV per token, so
 the pool vLLM reports differs from the plan's (the sidecar admits by the engine's pool):
 
-* a **sparse-attention indexer** (``index_head_dim``, ``index_n_heads``: DeepSeek-V3.2, GLM-5, Hunyuan v4)
-  keeps a cache of its own beside the attention's (vLLM 0.32.0 ``DeepseekV32IndexerCache``, an
-  ``MLAAttentionSpec`` of ``index_head_dim`` plus its FP8 scales per token and layer) and adds projections;
+* a **sparse-attention indexer** shared between layers (``index_head_dim`` with ``indexer_types``:
+  GLM-5-Next, Hunyuan v4) keeps a cache of its own beside the attention's and adds projections
+  (DeepSeek-V3.2's and GLM-5's, one per layer, are modelled: :mod:`sidecar.budget.indexer`);
 * **value heads of another size than the key heads** outside MLA and MiMo-V2 (``v_head_dim``; vLLM 0.32.0
   caches ``head_size + head_size_v`` per KV head, ``AttentionSpec``; MiMo-V2 is modelled,
   :mod:`sidecar.budget.mimo`);
@@ -30,6 +30,7 @@ from typing import Any
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
+from sidecar.budget.indexer import INDEXED_TYPES
 from sidecar.budget.layer_kinds import unlisted_layer_types
 from sidecar.budget.mimo import MIMO_TYPES
 
@@ -57,7 +58,7 @@ def unmodelled_features(
             features.append("per-layer head sizes")
         if first_int(cfg, "hidden_size_per_layer_input"):
             features.append("per-layer input embeddings")
-    if first_int(cfg, "index_head_dim", "index_n_heads") is not None:
+    if model_type not in INDEXED_TYPES and first_int(cfg, "index_head_dim", "index_n_heads") is not None:
         features.append("sparse-attention indexer and its KV cache")
     mimo = model_type in MIMO_TYPES  # both modelled there (sidecar.budget.mimo)
     if not mla and not mimo and _differs(cfg, "v_head_dim", "head_dim"):

@@ -49,7 +49,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "blip-2": ("tower", TOWER_SPLIT + ": BLIP-2's Q-Former, not modelled (a note names the tower)", -0.46),
     "ernie4_5_vl_moe": ("tower", TOWER_SPLIT + ": the language model's image experts (mlp.vision_moe)", 0.31),
     "step3p7": ("tower", TOWER_SPLIT + ": Step's vision projector", -0.004),
-    "deepseek_v32": (NOTED, "the sparse-attention indexer's projections", -0.0015),
     "glm5_next": (NOTED, "the indexer, hyper-connections", -0.003),
     "deepseek_v4": (NOTED, "the indexer, hyper-connections, its compressed attention", 0.024),
     "hy_v4": (NOTED, "the indexer, hyper-connections", -0.015),
@@ -129,7 +128,7 @@ def test_dbrx_reads_its_nested_attention_and_expert_fields() -> None:
 
 
 def test_a_config_resaved_by_transformers_5_plans_the_same_kv() -> None:
-    """transformers 5 writes ``layer_types`` (``indexed_attention``, ``mlp_layer_types``) into the configs it saves.
+    """transformers 5 writes ``layer_types`` (``indexed_attention``, ``mlp_layer_types``) into configs it saves.
 
     Before: DeepSeek-V3.2's ``indexed_attention`` layers were read as holding no KV (a pool of 0 bytes a token).
     """
@@ -148,7 +147,6 @@ def test_a_config_resaved_by_transformers_5_plans_the_same_kv() -> None:
     ]  # fmt: skip
     assert ledgers[0].kv_bytes_per_token == ledgers[1].kv_bytes_per_token > 0
     assert ledgers[0].weights_bytes == ledgers[1].weights_bytes
-    assert "indexer" in (plan_gaps(architecture_from_config(resaved)) or "")
 
 
 HUNYUAN_A13B = {  # tencent/Hunyuan-A13B-Instruct's config.json, the fields the plan reads (model card: 80B total)
