@@ -24,7 +24,7 @@ from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.errors import UsageError
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import probe_runs, run_probe
+from tests.harness.vllm import made_and_measured, run_probe
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("eagle_probe.py")
@@ -41,9 +41,7 @@ STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv
 @pytest.fixture(scope="module")
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The models' folder and what vLLM held without a drafter (``plain``) and with each."""
-    root = tmp_path_factory.mktemp("eagle")
-    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
-    return root, probe_runs(vllm_env, PROBE, "DRAFTER", "measure", str(root))
+    return made_and_measured(vllm_env, PROBE, "DRAFTER", tiny_model, tmp_path_factory.mktemp("eagle"))
 
 
 def _spec(root: Path, label: str) -> SpeculativeSettings | None:

@@ -27,7 +27,7 @@ from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import probe_runs, run_probe
+from tests.harness.vllm import layer_index, made_and_measured
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("families_probe.py")
@@ -37,9 +37,7 @@ MODELS = ["ernie-moe", "starcoder2", "arcee", "exaone-moe", "mimo"]
 @pytest.fixture(scope="module")
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The models' folder and what vLLM built and held for each."""
-    root = tmp_path_factory.mktemp("families")
-    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
-    return root, probe_runs(vllm_env, PROBE, "FAMILIES", "measure", str(root))
+    return made_and_measured(vllm_env, PROBE, "FAMILIES", tiny_model, tmp_path_factory.mktemp("families"))
 
 
 def _layer(names: list[str], index: int) -> set[str]:
@@ -103,5 +101,5 @@ def test_the_parameters_and_the_pool_are_the_engines(engine: tuple[Path, Any], m
     kinds = arch.kv_kinds
     pages = kv_pages(request, kinds, layer_kv_bytes_per_token(request), ledger.block_size)
     for group in run["groups"]:  # each group's block: 128 tokens, or more where its page was the smaller
-        kind = arch.layer_kinds[int(group["layers"][0].split("layers.")[1].split(".")[0])]
+        kind = arch.layer_kinds[layer_index(group["layers"][0])]
         assert group["block_size"] == pages.blocks[kind], (model, group)

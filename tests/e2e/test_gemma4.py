@@ -28,7 +28,7 @@ from sidecar.budget.ledger import PlanRequest, build_ledger
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import probe_runs, run_probe
+from tests.harness.vllm import layer_index, made_and_measured
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("gemma4_probe.py")
@@ -38,9 +38,7 @@ MODELS = ["plain", "keys-are-values", "small-full", "shared", "moe"]
 @pytest.fixture(scope="module")
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The models' folder and what vLLM held for each."""
-    root = tmp_path_factory.mktemp("gemma4")
-    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(root))
-    return root, probe_runs(vllm_env, PROBE, "GEMMA4", "measure", str(root))
+    return made_and_measured(vllm_env, PROBE, "GEMMA4", tiny_model, tmp_path_factory.mktemp("gemma4"))
 
 
 def _plan(folder: Path) -> PlanRequest:
@@ -48,11 +46,6 @@ def _plan(folder: Path) -> PlanRequest:
         architecture=load_architecture(folder), gpu_memory_bytes=24 * GIB, max_model_len=512, block_size=128,
         kv_cache_memory_bytes=GIB, async_scheduling=False,
     )  # fmt: skip  # the CPU engine's 128-token blocks and 1 GiB (VLLM_CPU_KVCACHE_SPACE)
-
-
-def _layer_index(name: str) -> int:
-    """``model.layers.5.self_attn.attn`` -> 5."""
-    return int(name.split("layers.")[1].split(".", maxsplit=1)[0])
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -64,7 +57,7 @@ def test_the_pool_is_planned_as_the_engine_sizes_it(engine: tuple[Path, Any], mo
     groups, pages = kv_groups(kinds), kv_pages(request, kinds, layer_kv_bytes_per_token(request), 128)
     assert (groups.full + groups.sliding, ledger.block_size) == (len(run["groups"]), run["block_size"])
     for group in run["groups"]:  # each group's block: 128 tokens, or more where its page was the smaller
-        kind = request.architecture.layer_kinds[_layer_index(group["layers"][0])]
+        kind = request.architecture.layer_kinds[layer_index(group["layers"][0])]
         assert group["block_size"] == pages.blocks[kind], group
     assert ledger.kv_pool_blocks == run["num_blocks"]
     assert ledger.max_concurrency == round(run["max_concurrency"], 2)

@@ -22,7 +22,7 @@ from sidecar.budget.profile import mla_absorbed_bytes
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
 from tests.harness.checkpoint import tensor_bytes
-from tests.harness.vllm import probe_runs, run_probe
+from tests.harness.vllm import made_and_measured
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("drafter_probe.py")
@@ -34,8 +34,7 @@ SHARED = ("embed_tokens", "shared_head.head")  # the drafter's copies of the mod
 def engine(vllm_env: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The model directory and what vLLM held with the drafter (``mtp``) and without (``plain``)."""
     model = tmp_path_factory.mktemp("mtp") / "tiny-deepseek-v3"
-    run_probe(vllm_env, PROBE, "make", str(tiny_model), str(model))
-    return model, probe_runs(vllm_env, PROBE, "DRAFTER", "measure", str(model))
+    return made_and_measured(vllm_env, PROBE, "DRAFTER", tiny_model, model)
 
 
 def _plan(model: Path, spec: SpeculativeSettings | None) -> PlanRequest:

@@ -64,6 +64,19 @@ def probe_runs(python: Path, script: Path, tag: str, *args: str) -> dict[str, di
     return {record["run"]: record for record in tagged_records(run_probe(python, script, *args), tag)}
 
 
+def made_and_measured(
+    python: Path, script: Path, tag: str, tiny_model: Path, root: Path
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """A probe's ``make`` into ``root`` (with the tiny model's tokenizer), then its ``measure`` records."""
+    run_probe(python, script, "make", str(tiny_model), str(root))
+    return root, probe_runs(python, script, tag, "measure", str(root))
+
+
+def layer_index(name: str) -> int:
+    """``model.layers.5.self_attn.attn`` -> 5."""
+    return int(name.split("layers.")[1].split(".", maxsplit=1)[0])
+
+
 def vision_path() -> Path:
     """Install torchvision beside vLLM's environment if needed (``scripts/install-vllm-vision``); its path."""
     result = subprocess.run(
