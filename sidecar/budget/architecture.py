@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sidecar.budget.config_fields import first_int
+from sidecar.budget.config_fields import first_int, read_config_file
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
@@ -359,25 +359,6 @@ def _lfm2_mlp_width(cfg: Mapping[str, Any], intermediate: int) -> int:
 def _class_name(top: Mapping[str, Any]) -> str | None:
     names = top.get("architectures")
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Read and decode one ``config.json``, turning every failure into a one-line :class:`ConfigError`."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text: point --model at a config.json") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
-    return data
 
 
 def load_architecture(path: Path) -> Architecture:

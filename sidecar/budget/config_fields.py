@@ -1,8 +1,10 @@
-"""Reading a ``config.json``'s whole-number fields the way the planner's modules all do. Pure."""
+"""Reading a ``config.json`` and its whole-number fields the way the planner's modules all do."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sidecar.errors import ConfigError
@@ -20,3 +22,22 @@ def first_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
                 raise ConfigError(f"config.json field {key!r} must be a whole number, got {value!r}")
             return int(value)
     return None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read and decode one ``config.json``, turning every failure into a one-line :class:`ConfigError`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text: point --model at a config.json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
