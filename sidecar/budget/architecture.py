@@ -31,6 +31,7 @@ from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
 from sidecar.budget.indexer import IndexerSpec, indexer_spec
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
 from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
+from sidecar.budget.longcat import ATTENTION_BLOCKS, LongcatLayers, longcat_layers
 from sidecar.budget.mimo import MimoLayers, mimo_layers, sliding_window
 from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
@@ -104,6 +105,7 @@ class Architecture:
     zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
     mimo: MimoLayers | None = None  # MiMo-V2's sliding and full attention geometries
     indexer: IndexerSpec | None = None  # DeepSeek-V3.2's sparse-attention indexer (its cache and weights)
+    longcat: LongcatLayers | None = None  # LongCat-Flash's two attention blocks and two MLPs a layer
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -135,11 +137,9 @@ class Architecture:
 
     def kv_elements_per_token_per_layer(self, tensor_parallel_size: int) -> int:
         """Cached elements one token adds to one attention layer on one GPU (K and V, or the MLA latent)."""
-        if self.mla is not None:
-            return self.mla.latent_size
-        if (
-            self.mimo is not None
-        ):  # the sliding layers' (the full ones': full_kv_elements_per_token_per_layer)
+        if self.mla is not None:  # LongCat-Flash: two attention blocks a layer, a latent each
+            return self.mla.latent_size * (ATTENTION_BLOCKS if self.longcat else 1)
+        if self.mimo is not None:  # the sliding layers' (full: full_kv_elements_per_token_per_layer)
             return self.mimo.sliding.kv_elements(tensor_parallel_size)
         return 2 * self.kv_heads_per_gpu(tensor_parallel_size) * self.head_dim
 
@@ -322,6 +322,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         zamba2=zamba2_blocks(cfg, model_type),
         mimo=mimo_layers(cfg, model_type, heads, kv_heads, head_dim),
         indexer=indexer_spec(cfg, model_type, num_layers),
+        longcat=longcat_layers(cfg, model_type),
         sliding_window=sliding_window(cfg, model_type),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

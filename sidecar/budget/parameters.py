@@ -16,6 +16,7 @@ from __future__ import annotations
 from sidecar.budget import gemma4, zamba2
 from sidecar.budget.architecture import Architecture, MlaSpec
 from sidecar.budget.layer_kinds import LayerKind
+from sidecar.budget.longcat import ATTENTION_BLOCKS
 from sidecar.budget.state_layers import QWEN_GATED_ATTENTION_TYPES
 
 _GATED_MLP_MATRICES = 3  # gate, up and down projections
@@ -115,6 +116,11 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
         return norm + (mixer if kind in (LayerKind.STATE, LayerKind.FULL) else _mlp_parameters(arch, layer))
     norms = arch.shape.norms_per_layer * norm
+    if arch.longcat is not None and arch.moe is not None:  # two attention blocks and MLPs, then experts
+        blocks, hidden = ATTENTION_BLOCKS, arch.hidden_size
+        dense = blocks * _GATED_MLP_MATRICES * hidden * arch.intermediate_size
+        experts = _mlp_parameters(arch, layer) + arch.longcat.router_extras(hidden, arch.moe.num_experts)
+        return blocks * (mixer + norms) + dense + experts
     if arch.indexer is not None and layer in arch.indexer.layers:  # DeepSeek-V3.2's indexer
         mixer += arch.indexer.parameters(arch.hidden_size)
     return mixer + _mlp_parameters(arch, layer) + norms

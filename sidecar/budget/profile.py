@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
+from sidecar.budget.longcat import ATTENTION_BLOCKS
 from sidecar.budget.parameters import dense_mlp_width, embedding_parameter_count, expert_parameter_count
 from sidecar.budget.rope import FLOAT32_ROPE_TYPES
 
@@ -210,7 +211,8 @@ def mla_absorbed_bytes(request: PlanRequest) -> int:
         return 0
     heads = max(1, arch.num_attention_heads // request.tensor_parallel_size)
     per_layer = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-    return arch.num_layers * per_layer * ACTIVATION_ELEMENT_BYTES
+    blocks = ATTENTION_BLOCKS if arch.longcat else 1  # LongCat-Flash: two MLA blocks a layer
+    return arch.num_layers * blocks * per_layer * ACTIVATION_ELEMENT_BYTES
 
 
 def embedding_bytes_per_gpu(request: PlanRequest) -> float:

@@ -14,8 +14,6 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
 * **sliding-window layers with a head geometry of their own** (``swa_num_key_value_heads``,
   ``swa_head_dim``, ``swa_v_head_dim``, ``num_sliding_attention_heads``: Inkling, Step-3.5; MiMo-V2's are
   modelled);
-* **two attention blocks and two MLPs per layer** (LongCat-Flash, ``zero_expert_num``), with
-  zero-computation experts;
 * **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
 * **layer types no rule knows** (DeepSeek-V4's ``compressed_sparse_attention``, Inkling's ``hybrid_sliding``):
   planned as full attention, which holds the most KV a layer can, so the pool is not overestimated;
@@ -65,10 +63,6 @@ def unmodelled_features(
         features.append("value heads of another size than the key heads (KV per token)")
     if not mimo and any(_differs(cfg, own, main) for own, main in _SLIDING_GEOMETRY):
         features.append("sliding-window layers' own head geometry (KV per token)")
-    if first_int(cfg, "zero_expert_num") is not None:
-        features.append(
-            "two attention blocks and two MLPs per layer (KV per token), zero-computation experts"
-        )
     if first_int(cfg, "num_layers_per_stack") is not None:
         features.append("recurrent layer stacks")
     if (first_int(cfg, "hc_mult") or 0) > 1:
