@@ -12,9 +12,9 @@ of the model transformers builds from every served family's default config:
   BLOOM, Phi, StarCoder2, Jais2, Nemotron (``NemotronLayerNorm1P`` is an ``nn.LayerNorm``).
 * **Biases**: ``attention_bias`` on q, k and v (Qwen2 and Qwen2-MoE by default) and, where the family's
   output projection takes the same flag, on ``o_proj`` (Llama-derived attention: Llama, gpt-oss, Falcon-H1,
-  Jais2, Nemotron, Arcee, Apertus; Qwen2's and GLM-4.5's have none); ``mlp_bias`` on every MLP projection;
-  StarCoder2's and ERNIE 4.5's single ``use_bias`` on all of them; GPT-2, GPT-BigCode and OPT
-  (``enable_bias``) always.
+  Jais2, Nemotron, Arcee, Apertus, StarCoder2, ERNIE 4.5, OPT; Qwen2's and GLM-4.5's have none);
+  ``mlp_bias`` on every MLP projection; StarCoder2's and ERNIE 4.5's single ``use_bias`` on all of them;
+  GPT-2, GPT-BigCode and OPT (``enable_bias``) always.
 * **Learned absolute positions**: GPT-2 and GPT-BigCode (``n_positions`` rows), OPT
   (``max_position_embeddings`` + 2: ``OPTLearnedPositionalEmbedding``'s offset).
 * **QK norms** of one head's width: Qwen3, Qwen3-MoE, Qwen3-VL (dense and MoE), Gemma 3, LFM2, Apertus,
@@ -51,9 +51,7 @@ _QK_NORM_TYPES = frozenset(
     {"qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3", "gemma3_text", "lfm2", "lfm2_moe",
      "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe"}
 )  # fmt: skip
-_SANDWICH_NORM_TYPES = frozenset(
-    {"afmoe", "muse_glimmer_text"}
-)  # norms before and after both attention and MLP, as Gemma's
+_SANDWICH_NORM_TYPES = frozenset({"afmoe", "muse_glimmer_text"})  # four norms a layer, as Gemma's
 _ATTENTION_GATE_TYPES = frozenset({"afmoe", "muse_glimmer_text"})
 _XIELU_SCALARS = 2  # Apertus's activation: alpha_p and alpha_n, learnt per layer
 
