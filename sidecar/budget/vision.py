@@ -32,7 +32,15 @@ the family, term by term, and the corpus test checks each against the model tran
   a gated MLP and four RMSNorms, and the projection to the text width; a Gemma 4 config with an
   ``audio_config`` (E2B, E4B) is not modelled, its audio tower being left out.
 
-Other multimodal families (mllama, pixtral, ...) return ``None``: their towers are counted exactly only from
+* ``pixtral`` (``PixtralVisionModel``, transformers 5.19 ``models/pixtral/modeling_pixtral.py``; vLLM 0.32.0
+  ``pixtral.py`` loads the same tensors): a Conv2d patch embedding without bias, a pre-norm, layers of q/k/v/o
+  projections without bias, a gated MLP and two RMSNorms, no final norm (its 2D rotary embedding is a
+  buffer). Under ``mistral3`` (Mistral-Small-3.1 and 3.2) the projector is ``Mistral3MultiModalProjector``:
+  an RMSNorm of the vision width, the patch merger (``vision x spatial_merge_size^2 -> vision``, no bias) and
+  two linears to the text width (biases when ``multimodal_projector_bias``); under ``llava`` (Pixtral-12B)
+  the two linears of ``LlavaMultiModalProjector``, with biases by default.
+
+Other multimodal families (mllama, ...) return ``None``: their towers are counted exactly only from
 the weights' safetensors headers (a cached checkpoint or the Hub's metadata), and ``plan`` names what a count
 from ``config.json`` leaves out.
 """
@@ -56,7 +64,7 @@ def _qwen_vl(vision: Mapping[str, Any], text_hidden: int, *, gated: bool) -> int
     depth = _int(vision, "depth", default=32)
     patch, temporal = _int(vision, "patch_size", default=14), _int(vision, "temporal_patch_size", default=2)
     merge = _int(vision, "spatial_merge_size", default=2)
-    out = _int(vision, "out_hidden_size", "hidden_size", default=text_hidden) if gated else text_hidden
+    out = _int(vision, *(("out_hidden_size",) if gated else ()), "hidden_size", default=text_hidden)
     channels = _int(vision, "in_chans", "in_channels", default=3)
     norm = width if gated else 2 * width  # RMSNorm weight, or LayerNorm weight and bias
     attention = 4 * width * width + 4 * width  # fused qkv and the output projection, with biases
@@ -81,6 +89,31 @@ def _clip_llava(vision: Mapping[str, Any], text_hidden: int) -> int:
     layer = 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
     projector = width * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
     return embeddings + 4 * width + layers * layer + projector
+
+
+def _pixtral(vision: Mapping[str, Any]) -> int:
+    width = _int(vision, "hidden_size", default=1024)
+    inner = _int(vision, "intermediate_size", default=4096)
+    heads = _int(vision, "num_attention_heads", default=16)
+    head_dim = _int(vision, "head_dim", default=width // heads)
+    patch = _int(vision, "patch_size", default=16)
+    layer = 4 * width * heads * head_dim + 3 * width * inner + 2 * width
+    return (
+        _int(vision, "num_channels", default=3) * patch * patch * width
+        + width
+        + _int(vision, "num_hidden_layers", default=24) * layer
+    )
+
+
+def _two_linears(width: int, text_hidden: int, *, bias: bool) -> int:
+    return width * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
+
+
+def _pixtral_mistral3(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    width, merge = _int(vision, "hidden_size", default=1024), _int(top, "spatial_merge_size", default=2)
+    merger = width * width * merge * merge + width  # the patch merger and the projector's RMSNorm
+    bias = bool(top.get("multimodal_projector_bias", False))
+    return _pixtral(vision) + merger + _two_linears(width, text_hidden, bias=bias)
 
 
 def _llama4(vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -154,7 +187,16 @@ def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None
     model_type = str(config.get("model_type") or "")
     if model_type == "gemma4" and isinstance(config.get("audio_config"), Mapping):
         return None  # E2B, E4B: an audio tower beside the vision one, not modelled
-    if model_type == "llava" and str(vision.get("model_type", "clip_vision_model")) == "clip_vision_model":
+    tower_type = str(vision.get("model_type", "clip_vision_model"))
+    if model_type == "llava" and tower_type == "clip_vision_model":
         return _clip_llava(vision, text_hidden)
+    if model_type == "llava" and tower_type == "pixtral":  # Pixtral-12B
+        width, bias = (
+            _int(vision, "hidden_size", default=1024),
+            bool(config.get("multimodal_projector_bias", True)),
+        )
+        return _pixtral(vision) + _two_linears(width, text_hidden, bias=bias)
+    if model_type == "mistral3" and tower_type in ("pixtral", "clip_vision_model"):
+        return _pixtral_mistral3(config, vision, text_hidden)
     tower = _TOWERS.get(model_type)
     return tower(vision, text_hidden) if tower else None

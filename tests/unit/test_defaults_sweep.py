@@ -25,6 +25,7 @@ import pytest
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, parameter_count
 from sidecar.budget.kv_terms import plan_gaps
 from sidecar.budget.profile import mla_absorbed_bytes
+from sidecar.budget.vision import vision_parameters
 from sidecar.errors import ConfigError
 from sidecar.units import GIB
 
@@ -189,3 +190,24 @@ def test_longcat_flash_caches_two_latents_a_layer() -> None:
     copies = arch.mla.kv_lora_rank * heads * (arch.mla.qk_nope_head_dim + arch.mla.v_head_dim) * 2
     assert mla_absorbed_bytes(request) == arch.num_layers * 2 * copies
     assert plan_gaps(arch) is None
+
+
+@pytest.mark.parametrize("model_type", ["gemma3", "llama4", "llava", "mistral3", "qwen2_5_vl", "qwen2_vl"])
+def test_a_modelled_tower_is_transformers(model_type: str) -> None:
+    """The vision tower and projector alone, where the plan counts them from config.json. Before: Mistral-Small
+    3.1's Pixtral tower was not counted (0.44B here), and Qwen2-VL's merger was sized to the text width where
+    transformers and vLLM 0.32 (``Qwen2VisionTransformer``) use the vision config's ``hidden_size``."""
+    arch = architecture_from_config(SWEEP[model_type]["config"])
+    assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
+
+
+def test_pixtral_under_llava_is_counted() -> None:
+    """Pixtral-12B (``llava`` with a ``pixtral`` tower): 424,469,504 for transformers' default tower under llava."""
+    vision = {
+        "model_type": "pixtral",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+    }
+    config = {"model_type": "llava", "vision_config": vision | {"num_attention_heads": 16, "patch_size": 16}}
+    assert vision_parameters(config, 4096) == 424_469_504
