@@ -9,6 +9,7 @@ the offline tiers use; if one drifted from its source, these fail with the comma
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -28,8 +29,9 @@ ROOT = Path(__file__).parents[2]
     ],
 )
 def test_generated_from_transformers_and_current(vllm_env: Path, script: str) -> None:
+    offline = os.environ | {"HF_HUB_OFFLINE": "1"}  # timm's configs ask the Hub and retry for ~45 s offline
     result = subprocess.run(
         [str(vllm_env), str(ROOT / "scripts" / script), "--check"],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True, text=True, timeout=600, check=False, env=offline,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
