@@ -27,6 +27,7 @@ from typing import Any
 from sidecar.budget.config_fields import first_int, read_config_file
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
+from sidecar.budget.gemma3n import Gemma3nLayers, gemma3n_layers
 from sidecar.budget.gemma4 import Gemma4Layers, gemma4_layers, kv_shared_layers
 from sidecar.budget.indexer import IndexerSpec, indexer_spec
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
@@ -106,6 +107,7 @@ class Architecture:
     mimo: MimoLayers | None = None  # MiMo-V2's sliding and full attention geometries
     indexer: IndexerSpec | None = None  # DeepSeek-V3.2's sparse-attention indexer (its cache and weights)
     longcat: LongcatLayers | None = None  # LongCat-Flash's two attention blocks and two MLPs a layer
+    gemma3n: Gemma3nLayers | None = None  # Gemma 3n's AltUp, LAuReL and per-layer inputs
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -323,6 +325,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         mimo=mimo_layers(cfg, model_type, heads, kv_heads, head_dim),
         indexer=indexer_spec(cfg, model_type, num_layers),
         longcat=longcat_layers(cfg, model_type),
+        gemma3n=gemma3n_layers(cfg, model_type),
         sliding_window=sliding_window(cfg, model_type),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

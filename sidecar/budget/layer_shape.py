@@ -49,7 +49,7 @@ _OUTPUT_BIAS_TYPES = frozenset(
 _USE_BIAS_TYPES = frozenset({"starcoder2", "ernie4_5", "ernie4_5_moe"})  # one flag for every projection
 _QK_NORM_TYPES = frozenset(
     {"qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3", "gemma3_text", "lfm2", "lfm2_moe",
-     "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe"}
+     "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "gemma3n", "gemma3n_text"}
 )  # fmt: skip
 _SANDWICH_NORM_TYPES = frozenset({"afmoe", "muse_glimmer_text"})  # four norms a layer, as Gemma's
 _ATTENTION_GATE_TYPES = frozenset({"afmoe", "muse_glimmer_text"})

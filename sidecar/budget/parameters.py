@@ -123,6 +123,10 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
         return blocks * (mixer + norms) + dense + experts
     if arch.indexer is not None and layer in arch.indexer.layers:  # DeepSeek-V3.2's indexer
         mixer += arch.indexer.parameters(arch.hidden_size)
+    if arch.gemma3n is not None:  # AltUp, LAuReL, per-layer inputs; a KV-shared layer has no k, v, k_norm
+        mixer += arch.gemma3n.layer_extras(arch.hidden_size)
+        if layer >= arch.num_layers - arch.kv_shared_layers:
+            mixer -= 2 * arch.hidden_size * arch.num_kv_heads * arch.head_dim + arch.head_dim
     return mixer + _mlp_parameters(arch, layer) + norms
 
 
@@ -131,6 +135,8 @@ def computed_parameter_count(arch: Architecture) -> int:
     layers = sum(layer_parameter_count(arch, i) for i in range(arch.num_layers))
     if arch.gemma4 is not None:  # Gemma 4's per-layer input embeddings
         layers += gemma4.per_layer_input_parameters(arch.gemma4, arch.hidden_size, arch.num_layers)
+    if arch.gemma3n is not None:
+        layers += arch.gemma3n.model_extras(arch.hidden_size, arch.num_layers)
     if arch.zamba2 is not None:  # Zamba2's shared transformer blocks, adapters and hybrid projections
         attention = (arch.num_attention_heads, arch.head_dim)
         layers += zamba2.shared_parameters(arch.zamba2, arch.hidden_size, arch.intermediate_size, attention)

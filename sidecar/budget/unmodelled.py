@@ -17,8 +17,8 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
 * **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
 * **layer types no rule knows** (DeepSeek-V4's ``compressed_sparse_attention``, Inkling's ``hybrid_sliding``):
   planned as full attention, which holds the most KV a layer can, so the pool is not overestimated;
-* parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths (Gemma 3n, planned at their
-  mean), per-layer head sizes and per-layer input embeddings outside Gemma 4 (which models them).
+* parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths that differ (planned at their
+  mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.budget.config_fields import first_int
+from sidecar.budget.gemma3n import GEMMA3N_TYPES
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.indexer import INDEXED_TYPES
 from sidecar.budget.layer_kinds import unlisted_layer_types
@@ -49,9 +50,9 @@ def unmodelled_features(
 ) -> tuple[str, ...]:
     """The features of ``cfg`` (defaults filled in) that the plan leaves out, in words."""
     features = []
-    if isinstance(widths, list):
+    if isinstance(widths, list) and len(set(widths)) > 1:
         features.append("per-layer MLP widths (planned at their mean)")
-    if model_type not in GEMMA4_TYPES:
+    if model_type not in GEMMA4_TYPES | GEMMA3N_TYPES:
         if cfg.get("per_layer_config") or cfg.get("global_head_dim"):
             features.append("per-layer head sizes")
         if first_int(cfg, "hidden_size_per_layer_input"):

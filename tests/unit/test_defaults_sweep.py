@@ -54,7 +54,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "glm5_next": (NOTED, "the indexer, hyper-connections", -0.003),
     "deepseek_v4": (NOTED, "the indexer, hyper-connections, its compressed attention", 0.024),
     "hy_v4": (NOTED, "the indexer, hyper-connections", -0.015),
-    "gemma3n_text": (NOTED, "per-layer MLP widths and input embeddings", -0.36),
     "inkling_text": (NOTED, "the sliding layers' own heads", -0.0012),
     "inkling_mm_model": (NOTED, "the sliding layers' own heads", -0.0013),
     "kimi_linear": (NOTED, "its KDA state layers", -0.005),

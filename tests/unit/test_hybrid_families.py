@@ -268,20 +268,24 @@ def test_jamba_s_mamba1_state_takes_no_draft_tokens() -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra", "feature"),
+    ("model_type", "extra", "feature"),
     [
-        pytest.param({"intermediate_size": [256, 512]}, "per-layer MLP widths", id="gemma3n-widths"),
         pytest.param(
-            {"hidden_size_per_layer_input": 64}, "per-layer input embeddings", id="per-layer-inputs"
+            "gemma3n_text", {"intermediate_size": [256, 512]}, "per-layer MLP widths", id="gemma3n-widths"
         ),
-        pytest.param({"global_head_dim": 128}, "per-layer head sizes", id="gemma4-global-heads"),
+        pytest.param(
+            "llama", {"hidden_size_per_layer_input": 64}, "per-layer input embeddings", id="per-layer-inputs"
+        ),
+        pytest.param("llama", {"global_head_dim": 128}, "per-layer head sizes", id="global-heads"),
     ],
 )
 def test_gemma_3n_and_4_features_the_plan_does_not_model_are_named(
-    extra: dict[str, Any], feature: str
+    model_type: str, extra: dict[str, Any], feature: str
 ) -> None:
-    """Gemma 3n's list of MLP widths stopped ``plan`` ("must be a whole number"); now it plans and says so."""
-    config = SMALL | {"model_type": "gemma3n_text", "num_hidden_layers": 2} | extra
+    """Gemma 3n's list of MLP widths stopped ``plan`` ("must be a whole number"); now it plans, and says so
+    where the widths differ (Gemma 3n's own per-layer inputs and Gemma 4's head sizes are modelled; the same
+    fields in another family are named)."""
+    config = SMALL | {"model_type": model_type, "num_hidden_layers": 2} | extra
     notes = build_ledger(PlanRequest(architecture_from_config(config), 24 * GIB, max_model_len=1024)).notes
     assert any(note.startswith("not modelled for this config:") and feature in note for note in notes)
 
