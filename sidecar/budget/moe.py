@@ -133,16 +133,16 @@ def moe_from_config(
 ) -> MoeSpec | None:
     """The MoE layers of the language model ``cfg`` describes, or ``None`` for a dense model."""
     widths: object = cfg.get("moe_intermediate_size")
-    text_width: int | None = None
+    shared_width: int | None = None  # one shared expert's width, where not the routed experts' width
     if model_type in ERNIE_VL_TYPES and _int_list(widths):  # one width per modality: see the docstring
-        cfg, text_width = {**cfg, "moe_intermediate_size": sum(widths)}, widths[0]
+        cfg, shared_width = {**cfg, "moe_intermediate_size": sum(widths)}, widths[0]
     cfg = {**cfg, **{key: value[0] for key, value in cfg.items() if key in _PER_LAYER and _int_list(value)}}
     experts = first_int(cfg, "num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
     if not experts or (experts <= 1 and model_type not in HUNYUAN_MOE_TYPES):
         return None
     expert_size = first_int(cfg, "moe_intermediate_size", "expert_ffn_hidden_size") or intermediate_size
     if model_type in HUNYUAN_MOE_TYPES:  # transformers' HunYuanMoEV1Experts: intermediate_size wide
-        expert_size, text_width = intermediate_size, intermediate_size
+        expert_size = shared_width = intermediate_size
     top_k = first_int(cfg, "num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k") or 1
     if model_type in LLAMA4_TYPES:
         return MoeSpec(
@@ -172,7 +172,7 @@ def moe_from_config(
     shared = first_int(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts") or 0
     if model_type in HUNYUAN_MOE_TYPES:  # one shared_mlp, whatever num_shared_expert says
         shared = 1
-    shared_size = shared * (text_width or expert_size)
+    shared_size = shared * (shared_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
     if one_shared:
         shared, shared_size = 1, one_shared

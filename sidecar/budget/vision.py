@@ -87,8 +87,7 @@ def _clip_llava(vision: Mapping[str, Any], text_hidden: int) -> int:
     positions = (image // patch) ** 2 + 1
     embeddings = width + 3 * patch * patch * width + positions * width
     layer = 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
-    projector = width * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
-    return embeddings + 4 * width + layers * layer + projector
+    return embeddings + 4 * width + layers * layer + _two_linears(width, text_hidden, bias=True)
 
 
 def _pixtral(vision: Mapping[str, Any]) -> int:
