@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.budget.config_fields import first_int, read_config_file
+from sidecar.budget.deepseek_v4 import V4Attention, v4_attention
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
 from sidecar.budget.gemma3n import Gemma3nLayers, gemma3n_layers
@@ -108,6 +109,7 @@ class Architecture:
     indexer: IndexerSpec | None = None  # DeepSeek-V3.2's sparse-attention indexer (its cache and weights)
     longcat: LongcatLayers | None = None  # LongCat-Flash's two attention blocks and two MLPs a layer
     gemma3n: Gemma3nLayers | None = None  # Gemma 3n's AltUp, LAuReL and per-layer inputs
+    v4: V4Attention | None = None  # DeepSeek-V4's compressed attention (its own packed KV pool)
 
     @property
     def kv_kinds(self) -> tuple[LayerKind, ...]:
@@ -326,6 +328,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         indexer=indexer_spec(cfg, model_type, num_layers),
         longcat=longcat_layers(cfg, model_type),
         gemma3n=gemma3n_layers(cfg, model_type),
+        v4=v4_attention(cfg, model_type, num_layers),
         sliding_window=sliding_window(cfg, model_type),
         attention_chunk_size=attention_chunk_size(cfg, model_type),
         max_position_embeddings=max_positions,

@@ -26,7 +26,8 @@ Layers that cache other than ``2 x KV heads x head size`` have a module each: Ge
 (:mod:`sidecar.budget.gemma4`), MiMo-V2's sliding and full layers with values narrower than keys
 (:mod:`sidecar.budget.mimo`), DeepSeek-V3.2's indexer cache beside MLA's latent
 (:mod:`sidecar.budget.indexer`); pages of different sizes are unified as vLLM does
-(:class:`sidecar.budget.kv_terms.KvPages`).
+(:class:`sidecar.budget.kv_terms.KvPages`). DeepSeek-V4's five kinds of cache are packed into a pool of
+their own (:mod:`sidecar.budget.deepseek_v4`).
 
 **Tensor parallelism** divides weights and KV heads per GPU (never below one KV head; an MLA
 latent and a DSA indexer's cache and weights are replicated). **Pipeline parallelism** gives each stage its
@@ -53,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sidecar.budget.architecture import Architecture
+from sidecar.budget.deepseek_v4 import v4_terms
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.experts import ExpertPlacement, expert_placement
 from sidecar.budget.kv_groups import kv_groups
@@ -286,8 +288,12 @@ def build_ledger(request: PlanRequest) -> Ledger:
     state = state_terms(request, per_layer)
     block = state.block_size if state else request.block_size
     pages = kv_pages(request, kinds, per_layer, block)
-    per_token = pages.per_token(kinds) + extra
-    per_sequence = sequence_kv_bytes(request, kinds, pages, extra, state)
+    v4 = v4_terms(request)  # DeepSeek-V4: its own packed pool (sidecar.budget.deepseek_v4)
+    per_token, per_sequence = (
+        (v4.per_token, v4.per_sequence)
+        if v4
+        else (pages.per_token(kinds) + extra, sequence_kv_bytes(request, kinds, pages, extra, state))
+    )
     params = parameter_count(arch)
     loaded = loaded_weights_per_gpu(request, params)
     offload = cpu_offloaded_bytes(request, layer_weight_bytes(request, loaded))
@@ -301,17 +307,17 @@ def build_ledger(request: PlanRequest) -> Ledger:
     requested = profile.pop("requested")
     block_bytes = block * per_token
     # vLLM's blocks hold one KV cache group's layers, padding included; a request takes blocks in every group
-    groups = kv_groups(kinds)
-    group_block_bytes = pages.page_bytes * groups.layers_per_group + block * extra
+    groups = v4.groups if v4 else kv_groups(kinds)
+    group_block_bytes = v4.stride if v4 else pages.page_bytes * groups.layers_per_group + block * extra
     pool_override = request.kv_cache_memory_bytes
     if request.num_gpu_blocks_override is not None:
         pool_override = round(request.num_gpu_blocks_override * group_block_bytes)
     pool = max(0, requested - sum(profile.values())) if pool_override is None else pool_override
     num_blocks = int(pool // block_bytes) if block_bytes else 0
-    request_blocks = full_request_blocks(request, groups, state, pages)
+    request_blocks = v4.request_blocks if v4 else full_request_blocks(request, groups, state, pages)
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
-    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None and not state:
+    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None and not (state or v4):
         stages = pipeline_stages(
             request, profile, requested, group_block_bytes, groups.layers_per_group, loaded=loaded
         )

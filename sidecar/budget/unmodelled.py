@@ -15,10 +15,12 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
   ``swa_head_dim``, ``swa_v_head_dim``, ``num_sliding_attention_heads``: Inkling, Step-3.5; MiMo-V2's are
   modelled);
 * **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
-* **layer types no rule knows** (DeepSeek-V4's ``compressed_sparse_attention``, Inkling's ``hybrid_sliding``):
-  planned as full attention, which holds the most KV a layer can, so the pool is not overestimated;
+* **layer types no rule knows** (Inkling's ``hybrid_sliding``; DeepSeek-V4's compressed layers are modelled,
+  :mod:`sidecar.budget.deepseek_v4`): planned as full attention, which holds the most KV a layer can, so the
+  pool is not overestimated;
 * parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths that differ (planned at their
-  mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them).
+  mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them),
+  DeepSeek-V4's compressors and indexers.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.budget.config_fields import first_int
+from sidecar.budget.deepseek_v4 import v4_attention
 from sidecar.budget.gemma3n import GEMMA3N_TYPES
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.indexer import INDEXED_TYPES
@@ -57,7 +60,10 @@ def unmodelled_features(
             features.append("per-layer head sizes")
         if first_int(cfg, "hidden_size_per_layer_input"):
             features.append("per-layer input embeddings")
-    if model_type not in INDEXED_TYPES and first_int(cfg, "index_head_dim", "index_n_heads") is not None:
+    v4 = v4_attention(cfg, model_type, 1) is not None  # its caches are modelled (sidecar.budget.deepseek_v4)
+    if v4:
+        features.append("compressors' and indexers' weights")
+    elif model_type not in INDEXED_TYPES and first_int(cfg, "index_head_dim", "index_n_heads") is not None:
         features.append("sparse-attention indexer and its KV cache")
     mimo = model_type in MIMO_TYPES  # both modelled there (sidecar.budget.mimo)
     if not mla and not mimo and _differs(cfg, "v_head_dim", "head_dim"):
@@ -69,6 +75,6 @@ def unmodelled_features(
     if (first_int(cfg, "hc_mult") or 0) > 1:
         features.append("hyper-connections")
     unlisted = unlisted_layer_types(cfg)
-    if unlisted:
+    if unlisted and not v4:
         features.append(f"layer types {', '.join(unlisted)} (planned as full attention)")
     return tuple(features)

@@ -18,6 +18,12 @@ from sidecar.budget.layer_kinds import LayerKind
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
 
+V4_FALLBACK = (
+    "DeepSeek-V4's packed KV pool (windows, compressor states and compressed latents in five groups of "
+    "their own block sizes) is not modelled for admission by blocks"
+)
+"""Why admission falls back to the lanes policy for DeepSeek-V4 (:mod:`sidecar.budget.deepseek_v4`)."""
+
 
 def usable_blocks(num_gpu_blocks: int) -> int:
     """Blocks requests can hold: vLLM keeps one null block (``BlockPool.get_usage`` divides by n - 1)."""
@@ -40,6 +46,8 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     if request is None:
         return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
     arch = request.architecture
+    if arch.v4 is not None:  # windows, states and compressed latents with blocks of 64, 4, 8 and 256 tokens
+        return LayoutAnswer(None, V4_FALLBACK)
     groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
     per_layer = layer_kv_bytes_per_token(request)

@@ -1,0 +1,246 @@
+"""DeepSeek-V4's compressed attention as vLLM 0.32.0 caches it: five kinds of cache in one packed pool. Pure.
+
+Read in vLLM 0.32.0 as installed (``vllm/models/deepseek_v4/attention.py``: ``DeepseekV4Attention``,
+``DeepseekV4Indexer``, ``DeepseekV4IndexerCache``; ``compressor.py``: ``CompressorStateCache``;
+``vllm/v1/attention/backends/mla/sparse_swa.py``: ``DeepseekV4SWACache``; ``vllm/v1/kv_cache_interface.py``:
+``AttentionSpec``, ``SlidingWindowSpec``, ``UniformTypeKVCacheSpecs``; ``vllm/v1/core/kv_cache_utils.py``:
+``_get_packed_kv_cache_groups``, ``_get_kv_cache_bytes_per_block``,
+``get_max_concurrency_for_kv_cache_config``) and checked on the real CPU server
+(``tests/e2e/test_deepseek_v4.py``: the groups, their pages and the blocks, exactly).
+
+**The layers.** ``compress_ratios[i]`` (the published config.json; transformers 5 writes ``layer_types`` and
+``compress_rates`` instead, read the same way) gives each decoder layer a ratio: 0 or 1, a sliding window
+only; 4 ("compressed sparse attention", with a lightning indexer); 128 ("heavily compressed attention").
+Each layer caches:
+
+* **its window**: the last ``sliding_window`` tokens (128) of one 512-value latent, in 64-token blocks
+  (``SlidingWindowMLASpec``);
+* **its compressed latents** (ratio 4 or 128): one 512-value state per ``ratio`` tokens, in blocks of
+  ``block_size`` tokens (``MLAAttentionSpec``, ``tokens_per_state``), and with ratio 4 the **indexer's keys**
+  beside them: one ``index_head_dim`` state per 4 tokens, FP8 with a float32 scale per 128 values (132 bytes)
+  or MXFP4 (68);
+* **the compressors' running states** (float32, ``2 x coff x head_dim`` values a token with ``coff`` 2 at
+  ratio 4, else 1), which behave as sliding windows of ``coff x ratio`` tokens in blocks of 4 tokens (ratio
+  4: the attention's and the indexer's) or 8 (ratio 128).
+
+A state is 584 bytes in the default ``fp8_ds_mla`` format (448 FP8 values, 64 bf16 RoPE values, 8 scale
+bytes; ``--kv-cache-dtype`` ``auto`` and every ``fp8`` spelling), and pages are padded to 576 bytes; backends
+that keep plain rows store 512 values in bf16 or per-tensor FP8 and pad to 512 bytes. Every cache is
+replicated on each tensor-parallel GPU (``max_tp_shards=1``).
+
+**The pool.** Pages differ, so vLLM packs them (``_get_packed_kv_cache_groups``): layers of one kind (same
+block size, and the same window for sliding ones) form a bucket; a bucket whose page sizes occur equally
+often is a repeating pattern that may be split into groups of ``repeats`` pattern repeats, ``repeats`` chosen
+by ``_approximate_gcd`` (the least padding, at least the largest mixed bucket's count; ties go to the larger);
+other buckets stay whole. A group's page is the sum of its layers' pages, every group draws block ids from
+one shared pool, and one block id costs the largest group page (the pool's stride). A full-length request
+holds ``cdiv(max_model_len, block)`` blocks in a full-attention group and
+``cdiv(min(window - 1 + in-flight tokens, max_model_len), block) + 1`` in a windowed one
+(:func:`sidecar.budget.kv_groups.sliding_window_blocks`), summed over the groups: the concurrency vLLM logs
+is the pool's blocks over that sum, and "KV cache size" is that concurrency times ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from sidecar.budget.config_fields import first_int
+from sidecar.budget.dtypes import normalise_dtype
+from sidecar.budget.kv_groups import KvGroups, sliding_window_blocks
+
+if TYPE_CHECKING:
+    from sidecar.budget.ledger import PlanRequest
+
+V4_TYPES: Final = frozenset({"deepseek_v4"})
+BLOCK_SIZE: Final = 256  # the only kernel block of the sparse-MLA and indexer backends (GPU and CPU alike)
+SWA_BLOCK: Final = 64  # DeepseekV4SWACache's block_size
+STATE_BYTES_DS_MLA: Final = 584  # fp8_ds_mla: 448 FP8 + 64 bf16 RoPE values + 8 scale bytes
+ALIGN_DS_MLA: Final = 576
+ALIGN_PLAIN: Final = 512
+INDEXER_FP8_BYTES: Final = 132  # 128 FP8 values and one float32 scale per 128
+INDEXER_MXFP4_BYTES: Final = 68  # 64 bytes of packed pairs and one UE8M0 byte per 32 values
+_STATE_BLOCK: Final = {4: 4, 128: 8}  # CompressorStateCache.block_size by ratio
+_FLOAT32: Final = 4
+_LAYER_TYPE_RATIOS: Final = {"sliding_attention": 1}  # transformers 5's layer_types beside compress_rates
+
+
+@dataclass(frozen=True, slots=True)
+class V4Attention:
+    """DeepSeek-V4's attention as its config gives it (see the module docstring)."""
+
+    ratios: tuple[int, ...]  # per decoder layer: 1 (window only), 4 or 128
+    head_dim: int  # the latent a state holds (512)
+    index_head_dim: int  # the indexer's keys (128)
+    window: int  # sliding_window
+
+
+def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4Attention | None:
+    """DeepSeek-V4's compressed attention if ``cfg`` is one (defaults filled), else ``None``."""
+    if model_type not in V4_TYPES:
+        return None
+    ratios = cfg.get("compress_ratios")
+    if not isinstance(ratios, list):
+        rates, types = cfg.get("compress_rates"), cfg.get("layer_types")
+        if not isinstance(rates, Mapping) or not isinstance(types, list):
+            return None
+        ratios = [rates.get(kind, _LAYER_TYPE_RATIOS.get(kind, 1)) for kind in types]
+    per_layer = tuple(max(1, int(r)) for r in ratios[:num_layers]) + (1,) * max(0, num_layers - len(ratios))
+    return V4Attention(
+        ratios=per_layer,
+        head_dim=first_int(cfg, "head_dim") or 512,
+        index_head_dim=first_int(cfg, "index_head_dim") or 128,
+        window=first_int(cfg, "sliding_window") or 128,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayer:
+    """One layer's cache as vLLM specifies it: tokens a block holds, bytes a block takes, window if any."""
+
+    block: int
+    page: int
+    window: int | None  # None: full attention (every token kept, compressed or not)
+
+
+def _page(states: int, state_bytes: int, alignment: int) -> int:
+    return -(-states * state_bytes // alignment) * alignment
+
+
+def cache_layers(
+    attention: V4Attention, *, block_size: int, kv_cache_dtype: str, indexer_fp4: bool
+) -> list[CacheLayer]:
+    """Every cache the model registers, in vLLM's order (each layer: window, latents, indexer, states).
+
+    ``kv_cache_dtype``: ``fp8_ds_mla`` (the default), ``bf16`` or ``fp8`` (plain-row backends).
+    """
+    packed = kv_cache_dtype == "fp8_ds_mla"
+    state_bytes = {"fp8_ds_mla": STATE_BYTES_DS_MLA, "fp8": attention.head_dim}.get(
+        kv_cache_dtype, 2 * attention.head_dim
+    )
+    align = ALIGN_DS_MLA if packed else ALIGN_PLAIN
+    index_bytes = INDEXER_MXFP4_BYTES if indexer_fp4 else INDEXER_FP8_BYTES
+    layers: list[CacheLayer] = []
+    for ratio in attention.ratios:
+        layers.append(CacheLayer(SWA_BLOCK, _page(SWA_BLOCK, state_bytes, align), attention.window))
+        if ratio == 1:
+            continue
+        layers.append(CacheLayer(block_size, _page(block_size // ratio, state_bytes, align), None))
+        coff = 2 if ratio == 4 else 1
+        state_block = _STATE_BLOCK[ratio]
+        compressors = [attention.head_dim]
+        if ratio == 4:
+            layers.append(CacheLayer(block_size, _page(block_size // 4, index_bytes, align), None))
+            compressors.append(attention.index_head_dim)
+        for head_dim in compressors:
+            page = _page(state_block, 2 * coff * head_dim * _FLOAT32, align)
+            layers.append(CacheLayer(state_block, page, coff * ratio))
+    return layers
+
+
+@dataclass(frozen=True, slots=True)
+class PackedGroup:
+    """One KV cache group: its block, window and page (its layers' pages summed)."""
+
+    block: int
+    window: int | None
+    page: int
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Blocks a full-length request holds in this group."""
+        if self.window is None:
+            return math.ceil(max_model_len / self.block)
+        return sliding_window_blocks(self.window, in_flight_tokens, max_model_len, self.block)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedPool:
+    """The groups vLLM packs the caches into, and the bytes one block id costs (the largest group page)."""
+
+    groups: tuple[PackedGroup, ...]
+    stride: int
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Blocks a full-length request holds over every group."""
+        return sum(g.blocks_per_request(max_model_len, in_flight_tokens) for g in self.groups)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """What a token adds beyond the windows: the full-attention groups' pages over their blocks."""
+        return sum(g.page / g.block for g in self.groups if g.window is None)
+
+
+def approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
+    """``_approximate_gcd``: the divisor from ``lower_bound`` up that pads ``values`` least (ties: larger)."""
+    best, best_pad = lower_bound, None
+    for d in range(max(1, lower_bound), max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+def pack(layers: Sequence[CacheLayer]) -> PackedPool:
+    """The groups and stride ``_get_packed_kv_cache_groups`` gives these caches (see the module docstring).
+
+    Without ratio-4 layers there is no mixed bucket to repeat, and vLLM 0.32.0 refuses to start
+    (``NotImplementedError``: "page size is not divisible by the maximum page size", on the CPU server); every
+    published DeepSeek-V4 has them.
+    """
+    buckets: dict[tuple[int, int | None], Counter[int]] = {}  # (block, window): layers per page size
+    for layer in layers:
+        buckets.setdefault((layer.block, layer.window), Counter())[layer.page] += 1
+    balanced = {key: len(set(pages.values())) == 1 for key, pages in buckets.items()}
+    floor = max((max(p.values()) for k, p in buckets.items() if balanced[k] and len(p) > 1), default=0)
+    repeats = (
+        approximate_gcd([max(p.values()) for k, p in buckets.items() if balanced[k]], floor) if floor else 0
+    )
+    groups: list[PackedGroup] = []
+    for (block, window), pages in buckets.items():
+        repeated = max(pages.values())
+        split = math.ceil(repeated / repeats) if balanced[(block, window)] and repeats else 1
+        for i in range(split):  # group i takes repeats i, i + split, ...: one layer of each page size each
+            share = len(range(i, repeated, split))
+            page = sum((share if split > 1 else count) * size for size, count in pages.items())
+            groups.append(PackedGroup(block, window, page))
+    return PackedPool(tuple(groups), max(g.page for g in groups))
+
+
+def v4_pool(attention: V4Attention, kv_cache_dtype: str) -> PackedPool:
+    """The pool vLLM 0.32.0 packs for ``attention`` on a GPU (and on the CPU server alike).
+
+    ``--kv-cache-dtype`` ``auto`` and every FP8 spelling give the default backends' ``fp8_ds_mla`` (Hopper and
+    Blackwell: ``_resolve_dsv4_kv_cache_dtype``); bf16 rows are what FlashInfer's sparse backend keeps (the
+    default FlashMLA one refuses them). The indexer's cache is FP8 unless ``indexer_kv_dtype`` says
+    ``mxfp4`` (``AttentionConfig``, default ``auto``: FP8).
+    """
+    plain = normalise_dtype(kv_cache_dtype) in {"bf16", "fp16"}
+    layers = cache_layers(
+        attention, block_size=BLOCK_SIZE, kv_cache_dtype="bf16" if plain else "fp8_ds_mla", indexer_fp4=False
+    )
+    return pack(layers)
+
+
+@dataclass(frozen=True, slots=True)
+class V4Terms:
+    """The ledger's KV terms for DeepSeek-V4 (bytes per GPU; every cache is replicated across TP)."""
+
+    per_token: float  # what a token adds beyond the windows (PackedPool.bytes_per_token)
+    per_sequence: float  # a full-length request's blocks at the pool's stride
+    stride: int  # bytes one block id costs: what the pool is divided by
+    request_blocks: int  # blocks a full-length request holds over every group
+    groups: KvGroups  # one full group and the windowed ones: vLLM logs concurrency x max_model_len tokens
+
+
+def v4_terms(request: PlanRequest) -> V4Terms | None:
+    """:class:`V4Terms` for ``request``'s model, ``None`` unless it is a DeepSeek-V4."""
+    attention = request.architecture.v4
+    if attention is None:
+        return None
+    pool = v4_pool(attention, request.kv_cache_dtype)
+    blocks = pool.blocks_per_request(request.effective_max_model_len, request.in_flight_tokens)
+    groups = KvGroups(full=1, sliding=len(pool.groups) - 1)
+    return V4Terms(pool.bytes_per_token, blocks * pool.stride, pool.stride, blocks, groups)

@@ -1,0 +1,165 @@
+"""DeepSeek-V4's compressed attention: the five caches vLLM 0.32.0 keeps and the pool it packs them into.
+
+Before, the plan read DeepSeek-V4-Flash as 43 layers of one 512-wide KV head, keys and values in bf16: 88,064
+bytes a token, where vLLM keeps 64 FP8 states of 584 bytes per 256 tokens in the 21 ratio-4 layers, 2 in the
+20 ratio-128 layers and the indexer's 132-byte keys beside the first (3,915 bytes a token with the pages'
+padding), a 128-token window in every layer and the compressors' float32 states: 22 times fewer bytes a token,
+and each request's windows and states at a fixed cost instead. The engine's groups, pages and blocks are
+checked on the real CPU server by ``tests/e2e/test_deepseek_v4.py``.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from sidecar.budget import PlanRequest, architecture_from_config, build_ledger
+from sidecar.budget.deepseek_v4 import (
+    BLOCK_SIZE,
+    CacheLayer,
+    PackedGroup,
+    V4Attention,
+    approximate_gcd,
+    cache_layers,
+    pack,
+    v4_attention,
+    v4_pool,
+)
+from sidecar.budget.kv_terms import plan_gaps
+from sidecar.logs import make_logger
+from sidecar.monitor.diagnose import MonitorSettings
+from sidecar.monitor.monitor import Monitor
+from sidecar.monitor.planning import PlanInputs
+from sidecar.monitor.pool import V4_FALLBACK, admission_pool
+from sidecar.units import GIB
+
+FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4, 0]  # 43 layers and the MTP placeholder
+FLASH: dict[str, Any] = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8, "index_head_dim": 128,
+    "index_n_heads": 64, "index_topk": 512, "sliding_window": 128, "compress_ratios": FLASH_RATIOS,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6,
+    "num_hash_layers": 3, "num_nextn_predict_layers": 1, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "max_position_embeddings": 1048576, "vocab_size": 129280, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "rope_theta": 10000, "compress_rope_theta": 160000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
+                     "type": "yarn"},
+}  # fmt: skip
+"""DeepSeek-V4-Flash-Base's published config.json (its architecture fields) as ``alibaba/rtp-llm``'s V4 test
+restates it ("Authoritative DeepSeek-V4-Flash-Base config (as published on HF)")."""
+SWA, C4, C4_INDEX, C128 = 37440, 37440, 8640, 1728  # fp8_ds_mla pages: 64 x 584, 64 x 132, 2 x 584, padded
+C4_STATE, C4_INDEX_STATE, C128_STATE = 32832, 8640, 32832  # float32 states: 4 x 2048, 4 x 512, 8 x 1024
+
+
+def test_the_ratios_are_read_from_the_published_and_the_transformers_fields() -> None:
+    """``compress_ratios`` (0: a window only, the trailing MTP entry dropped), or transformers 5's fields."""
+    attention = v4_attention(FLASH, "deepseek_v4", 43)
+    assert attention is not None
+    assert attention.ratios == (1, 1) + (4, 128) * 20 + (4,)
+    assert (attention.head_dim, attention.index_head_dim, attention.window) == (512, 128, 128)
+    saved = {
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    }
+    read = v4_attention(saved, "deepseek_v4", 3)
+    assert read is not None
+    assert read.ratios == (1, 4, 128)
+    assert v4_attention(FLASH, "deepseek_v3", 43) is None
+
+
+@pytest.mark.parametrize(
+    ("dtype", "pages"),
+    [
+        ("fp8_ds_mla", [SWA, C4, C4_INDEX, C4_STATE, C4_INDEX_STATE, SWA, C128, C128_STATE]),
+        # plain bf16 rows: 1,024 bytes a state, pages padded to 512 bytes
+        ("bf16", [65536, 65536, 8704, 32768, 8192, 65536, 2048, 32768]),
+    ],
+)
+def test_each_layer_registers_its_window_latents_indexer_and_states(dtype: str, pages: list[int]) -> None:
+    layers = cache_layers(
+        V4Attention((4, 128), 512, 128, 128), block_size=BLOCK_SIZE, kv_cache_dtype=dtype, indexer_fp4=False
+    )
+    assert [layer.page for layer in layers] == pages
+    assert [(layer.block, layer.window) for layer in layers] == [
+        (64, 128), (256, None), (256, None), (4, 8), (4, 8), (64, 128), (256, None), (8, 128),
+    ]  # fmt: skip
+
+
+def test_an_mxfp4_indexer_keeps_68_bytes_a_state() -> None:
+    layers = cache_layers(
+        V4Attention((4,), 512, 128, 128), block_size=BLOCK_SIZE, kv_cache_dtype="fp8_ds_mla", indexer_fp4=True
+    )
+    assert layers[2].page == 4608  # 64 x 68 = 4,352, padded to 576 bytes
+
+
+@pytest.mark.parametrize(
+    ("values", "floor", "expected"),
+    [
+        ([43, 21, 20], 21, 22),
+        ([4, 2, 1], 2, 2),
+        ([6, 3], 3, 3),
+        ([5, 2], 2, 2),
+        ([3], 1, 3),
+    ],  # ([3], 1): a tie
+)
+def test_the_repeats_per_group_pad_least_and_prefer_the_larger(
+    values: list[int], floor: int, expected: int
+) -> None:
+    assert approximate_gcd(values, floor) == expected
+
+
+def test_the_flash_pool_packs_five_groups_of_one_stride() -> None:
+    """43 windows split in two (22 and 21 repeats), the compressed caches whole, the states whole."""
+    pool = v4_pool(v4_attention(FLASH, "deepseek_v4", 43), "auto")  # type: ignore[arg-type]
+    full = 21 * (C4 + C4_INDEX) + 20 * C128
+    assert pool.groups == (
+        PackedGroup(64, 128, 22 * SWA), PackedGroup(64, 128, 21 * SWA), PackedGroup(256, None, full),
+        PackedGroup(4, 8, 21 * (C4_STATE + C4_INDEX_STATE)), PackedGroup(8, 128, 20 * C128_STATE),
+    )  # fmt: skip
+    assert pool.stride == full == 1_002_240
+    assert round(pool.bytes_per_token) == 3915
+    # 1M tokens, two 8,192-token batches in flight: windows 2 x 259, latents 4,096, states 4,099 and 2,065
+    assert pool.blocks_per_request(1_048_576, 16384) == 2 * 259 + 4096 + 4099 + 2065
+
+
+def test_pack_keeps_an_unbalanced_bucket_whole() -> None:
+    layers = [CacheLayer(64, 100, 8)] * 3 + [CacheLayer(64, 50, 8)] * 2 + [CacheLayer(4, 10, 8)] * 2
+    pool = pack(layers + [CacheLayer(4, 20, 8)] * 2)
+    assert pool.groups == (PackedGroup(64, 8, 400), PackedGroup(4, 8, 60))
+
+
+def test_the_ledger_plans_flash_at_a_million_tokens_as_vllm_packs_it() -> None:
+    request = PlanRequest(
+        architecture_from_config(FLASH), 141 * GIB, tensor_parallel_size=8, max_model_len=1_048_576,
+        max_num_batched_tokens=8192, async_scheduling=True,
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    blocks = 2 * 259 + 4096 + 4099 + 2065
+    assert ledger.kv_bytes_per_token == 3915  # was 88,064: 43 layers of K and V at bf16
+    assert ledger.kv_bytes_per_sequence == blocks * 1_002_240
+    assert ledger.kv_pool_blocks == ledger.kv_pool_bytes // 1_002_240
+    assert ledger.max_concurrency == round(ledger.kv_pool_blocks / blocks, 2)
+    assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / blocks * 1_048_576)
+    assert ledger.verdict.value != "does-not-fit"
+    assert "compressed_sparse_attention" not in " ".join(ledger.notes)
+    assert plan_gaps(request.architecture) == (
+        "the plan does not model DeepseekV4ForCausalLM's compressors' and indexers' weights, hyper-connections"
+    )
+
+
+def test_admission_falls_back_to_lanes_and_says_why() -> None:
+    """Before and after the engine reports its pool: GroupLayout has no room for five kinds of group."""
+    inputs = PlanInputs(
+        architecture=architecture_from_config(FLASH), model="flash", gpu_memory_bytes=141 * GIB,
+        tensor_parallel_size=8, max_model_len=131072,
+    )  # fmt: skip
+    monitor = Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+    monitor.refresh(0.0)
+    assert monitor.ledger is not None
+    assert monitor.ledger.kv_pool_blocks > 0
+    answer = admission_pool(monitor)
+    assert answer.view is None
+    assert answer.why == V4_FALLBACK
