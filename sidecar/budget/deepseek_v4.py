@@ -76,6 +76,58 @@ class V4Attention:
     head_dim: int  # the latent a state holds (512)
     index_head_dim: int  # the indexer's keys (128)
     window: int  # sliding_window
+    q_lora_rank: int = 1024
+    o_lora_rank: int = 1024
+    o_groups: int = 8
+    index_heads: int = 64
+    hc_mult: int = 4  # hyper-connections: streams of the residual
+
+    def layer_parameters(self, hidden: int, heads: int, ratio: int) -> int:
+        """A layer's attention, compressors, indexer and hyper-connections, as transformers 5.19 builds them.
+
+        ``DeepseekV4Attention``: ``q_a`` (with its norm) and ``q_b`` through ``q_lora_rank``, one 512-wide
+        ``kv_proj`` and norm, a grouped output (``o_a`` per ``o_groups``, ``o_b``), a sink per head; a
+        compressor where ``ratio`` > 1 (``kv_proj`` and ``gate_proj`` to ``coff x head_dim``, a position
+        bias of ``ratio`` rows, a norm); the indexer at ratio 4 (``q_b`` to ``index_heads x
+        index_head_dim``, its own compressor at ``index_head_dim``, ``weights_proj``); two hyper-connection
+        mixers (``attn_hc``, ``ffn_hc``) of ``hc_mult x hidden`` inputs and ``hc_mult x (2 + hc_mult)``
+        outputs, a bias and 3 scales each.
+        """
+        query = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * heads * self.head_dim
+        output = heads * self.head_dim * self.o_lora_rank + self.o_groups * self.o_lora_rank * hidden
+        total = query + hidden * self.head_dim + self.head_dim + output + heads
+        if ratio > 1:
+            total += _compressor_parameters(hidden, self.head_dim, ratio)
+        if ratio == 4:
+            index = self.index_heads * self.index_head_dim
+            total += self.q_lora_rank * index + hidden * self.index_heads
+            total += _compressor_parameters(hidden, self.index_head_dim, ratio)
+        mix = self.hc_mult * (2 + self.hc_mult)
+        return total + 2 * (self.hc_mult * hidden * mix + mix + 3)
+
+    def replicated_parameters(self, hidden: int, ratio: int) -> int:
+        """What of a layer vLLM 0.32.0 keeps whole on every tensor-parallel GPU.
+
+        ``fused_wqa_wkv`` and its norms, the compressors (``fused_wkv_wgate``: ``disable_tp``) and the
+        indexer's ``wq_b`` and ``weights_proj`` (``ReplicatedLinear``); the attention's ``wq_b``, ``wo_a``
+        and ``wo_b`` are split.
+        """
+        total = hidden * (self.q_lora_rank + self.head_dim) + self.q_lora_rank + self.head_dim
+        if ratio > 1:
+            total += _compressor_parameters(hidden, self.head_dim, ratio)
+        if ratio == 4:
+            total += self.q_lora_rank * self.index_heads * self.index_head_dim + hidden * self.index_heads
+            total += _compressor_parameters(hidden, self.index_head_dim, ratio)
+        return total
+
+    def head_parameters(self, hidden: int) -> int:
+        """The hyper-connection head before the final norm (``hc_head``: weights, bias, scale)."""
+        return self.hc_mult * hidden * self.hc_mult + self.hc_mult + 1
+
+
+def _compressor_parameters(hidden: int, head_dim: int, ratio: int) -> int:
+    width = (2 if ratio == 4 else 1) * head_dim  # coff x head_dim: ratio 4 compresses overlapping windows
+    return 2 * hidden * width + ratio * width + head_dim  # kv_proj, gate_proj, position bias, kv_norm
 
 
 def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4Attention | None:
@@ -94,6 +146,11 @@ def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4
         head_dim=first_int(cfg, "head_dim") or 512,
         index_head_dim=first_int(cfg, "index_head_dim") or 128,
         window=first_int(cfg, "sliding_window") or 128,
+        q_lora_rank=first_int(cfg, "q_lora_rank") or 1024,
+        o_lora_rank=first_int(cfg, "o_lora_rank") or 1024,
+        o_groups=first_int(cfg, "o_groups") or 8,
+        index_heads=first_int(cfg, "index_n_heads") or 64,
+        hc_mult=first_int(cfg, "hc_mult") or 1,
     )
 
 

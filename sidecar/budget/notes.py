@@ -110,7 +110,11 @@ def _loaded_weights_reasons(request: PlanRequest, paper: int) -> str:
     if mla_absorbed_bytes(request):
         reasons.append("MLA's decode copies of kv_b_proj")
     if indexer_replicas_bytes(request):
-        reasons.append("the sparse-attention indexers, whole on every GPU")
+        v4 = request.architecture.v4 is not None
+        whole = (
+            "query and KV down-projections, compressors and indexers" if v4 else "sparse-attention indexers"
+        )
+        reasons.append(f"the {whole}, whole on every GPU")
     return "; ".join(reasons) or "tensors beside the parameters"
 
 

@@ -27,10 +27,12 @@ SINGLE_BLOCK_TYPES = frozenset({"nemotron_h"})
 _FULL_WIDTH_QK_NORM_TYPES = frozenset({"olmo2", "olmo3", "olmo_hybrid"})
 
 
-def _attention_parameters(arch: Architecture, kind: LayerKind) -> int:
+def _attention_parameters(arch: Architecture, kind: LayerKind, layer: int) -> int:
     hidden = arch.hidden_size
     if arch.mla is not None:
         return _mla_parameters(arch, arch.mla)
+    if arch.v4 is not None:  # DeepSeek-V4 (sidecar.budget.deepseek_v4): a layer's own ratio
+        return arch.v4.layer_parameters(hidden, arch.num_attention_heads, arch.v4.ratios[layer])
     if arch.mimo is not None:  # MiMo-V2: each kind its own heads; sinks in the sliding layers
         if kind is LayerKind.SLIDING:
             sinks = arch.mimo.sliding.heads if arch.mimo.sliding_sinks else 0
@@ -110,7 +112,7 @@ def layer_parameter_count(arch: Architecture, layer: int) -> int:
     norm = _norm_parameters(arch)
     kind = arch.layer_kinds[layer] if layer < len(arch.layer_kinds) else LayerKind.FULL
     state = arch.state if kind is LayerKind.STATE else None
-    mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch, kind)
+    mixer = state.mixer_parameters(arch.hidden_size) if state else _attention_parameters(arch, kind, layer)
     if arch.parallel_state_layers and arch.state is not None:  # Falcon-H1: a Mamba2 mixer beside attention
         mixer += arch.state.mixer_parameters(arch.hidden_size)
     if arch.model_type in SINGLE_BLOCK_TYPES:  # one block a layer: a mixer, attention or an MLP, one norm
@@ -137,6 +139,8 @@ def computed_parameter_count(arch: Architecture) -> int:
         layers += gemma4.per_layer_input_parameters(arch.gemma4, arch.hidden_size, arch.num_layers)
     if arch.gemma3n is not None:
         layers += arch.gemma3n.model_extras(arch.hidden_size, arch.num_layers)
+    if arch.v4 is not None:
+        layers += arch.v4.head_parameters(arch.hidden_size)
     if arch.zamba2 is not None:  # Zamba2's shared transformer blocks, adapters and hybrid projections
         attention = (arch.num_attention_heads, arch.head_dim)
         layers += zamba2.shared_parameters(arch.zamba2, arch.hidden_size, arch.intermediate_size, attention)

@@ -189,15 +189,20 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
 def indexer_replicas_bytes(request: PlanRequest) -> int:
     """A DSA indexer's weights on one GPU beyond their 1/TP share of the parameters (:mod:`...indexer`).
 
+    DeepSeek-V4: every weight vLLM keeps whole on each GPU (:meth:`...V4Attention.replicated_parameters`).
+
     The indexers are whole on every GPU, ``wk_weights_proj`` 16-bit whatever the checkpoint's quantisation;
     the parameter count spreads them over the GPUs at its dtype like every other weight.
     """
     arch, tp = request.architecture, request.tensor_parallel_size
     indexer = arch.indexer
-    if indexer is None:
-        return 0
     dtype = request.effective_weight_dtype
     element = weight_bytes_per_param(dtype if dtype != "mxfp4" else "bf16")
+    if arch.v4 is not None:  # DeepSeek-V4's down-projections, compressors and indexers
+        replicated = sum(arch.v4.replicated_parameters(arch.hidden_size, ratio) for ratio in arch.v4.ratios)
+        return round(replicated * element * (1 - 1 / tp))
+    if indexer is None:
+        return 0
     whole = indexer.bytes_per_gpu(arch.hidden_size, element)
     share = indexer.parameters(arch.hidden_size) * element / tp
     return round((whole - share) * len(indexer.layers))

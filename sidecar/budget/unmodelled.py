@@ -19,8 +19,8 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
   :mod:`sidecar.budget.deepseek_v4`): planned as full attention, which holds the most KV a layer can, so the
   pool is not overestimated;
 * parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths that differ (planned at their
-  mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them),
-  DeepSeek-V4's compressors and indexers.
+  mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them);
+  DeepSeek-V4's are modelled.
 """
 
 from __future__ import annotations
@@ -60,10 +60,12 @@ def unmodelled_features(
             features.append("per-layer head sizes")
         if first_int(cfg, "hidden_size_per_layer_input"):
             features.append("per-layer input embeddings")
-    v4 = v4_attention(cfg, model_type, 1) is not None  # its caches are modelled (sidecar.budget.deepseek_v4)
-    if v4:
-        features.append("compressors' and indexers' weights")
-    elif model_type not in INDEXED_TYPES and first_int(cfg, "index_head_dim", "index_n_heads") is not None:
+    v4 = v4_attention(cfg, model_type, 1) is not None  # modelled in sidecar.budget.deepseek_v4
+    if (
+        not v4
+        and model_type not in INDEXED_TYPES
+        and first_int(cfg, "index_head_dim", "index_n_heads") is not None
+    ):
         features.append("sparse-attention indexer and its KV cache")
     mimo = model_type in MIMO_TYPES  # both modelled there (sidecar.budget.mimo)
     if not mla and not mimo and _differs(cfg, "v_head_dim", "head_dim"):
@@ -72,7 +74,7 @@ def unmodelled_features(
         features.append("sliding-window layers' own head geometry (KV per token)")
     if first_int(cfg, "num_layers_per_stack") is not None:
         features.append("recurrent layer stacks")
-    if (first_int(cfg, "hc_mult") or 0) > 1:
+    if (first_int(cfg, "hc_mult") or 0) > 1 and not v4:
         features.append("hyper-connections")
     unlisted = unlisted_layer_types(cfg)
     if unlisted and not v4:

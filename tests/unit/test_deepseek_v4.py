@@ -11,6 +11,8 @@ checked on the real CPU server by ``tests/e2e/test_deepseek_v4.py``.
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,8 @@ from sidecar.budget.deepseek_v4 import (
     v4_pool,
 )
 from sidecar.budget.kv_terms import plan_gaps
+from sidecar.budget.parameters import computed_parameter_count
+from sidecar.budget.profile import indexer_replicas_bytes
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
@@ -35,6 +39,7 @@ from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.pool import V4_FALLBACK, admission_pool
 from sidecar.units import GIB
 
+SWEEP = Path(__file__).parents[1] / "data" / "transformers-defaults-sweep.json"
 FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4, 0]  # 43 layers and the MTP placeholder
 FLASH: dict[str, Any] = {
     "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
@@ -145,9 +150,7 @@ def test_the_ledger_plans_flash_at_a_million_tokens_as_vllm_packs_it() -> None:
     assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / blocks * 1_048_576)
     assert ledger.verdict.value != "does-not-fit"
     assert "compressed_sparse_attention" not in " ".join(ledger.notes)
-    assert plan_gaps(request.architecture) == (
-        "the plan does not model DeepseekV4ForCausalLM's compressors' and indexers' weights, hyper-connections"
-    )
+    assert plan_gaps(request.architecture) is None  # caches, compressors, indexers, hyper-connections
 
 
 def test_admission_falls_back_to_lanes_and_says_why() -> None:
@@ -163,3 +166,20 @@ def test_admission_falls_back_to_lanes_and_says_why() -> None:
     answer = admission_pool(monitor)
     assert answer.view is None
     assert answer.why == V4_FALLBACK
+
+
+def test_the_parameters_are_transformers_count_and_the_replicas_are_on_every_gpu() -> None:
+    """transformers 5.19 builds 284,325,869,015 parameters from its default DeepSeek-V4 config (the sweep)."""
+    sweep = json.loads(SWEEP.read_text())["families"]["deepseek_v4"]
+    arch = architecture_from_config(sweep["config"])
+    assert computed_parameter_count(arch) == sweep["parameters"]["total"]  # was 290.94B: Llama's attention
+    request = PlanRequest(arch, 141 * GIB, tensor_parallel_size=8, max_model_len=131072)
+    v4 = arch.v4
+    assert v4 is not None
+    layer = 4096 * (1024 + 512) + 1024 + 512  # fused_wqa_wkv and its norms, in every layer
+    compressors = {4: 2 * 4096 * 1024 + 4 * 1024 + 512, 128: 2 * 4096 * 512 + 128 * 512 + 512}
+    indexer = 1024 * 64 * 128 + 4096 * 64 + 2 * 4096 * 256 + 4 * 256 + 128
+    whole = sum(layer + compressors.get(r, 0) + (indexer if r == 4 else 0) for r in v4.ratios)
+    assert indexer_replicas_bytes(request) == round(whole * 2 * 7 / 8)
+    note = " ".join(build_ledger(request).notes)
+    assert "query and KV down-projections, compressors and indexers, whole on every GPU" in note

@@ -52,7 +52,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "ernie4_5_vl_moe": ("tower", TOWER_SPLIT + ": the language model's image experts (mlp.vision_moe)", 0.31),
     "step3p7": ("tower", TOWER_SPLIT + ": Step's vision projector", -0.004),
     "glm5_next": (NOTED, "the indexer, hyper-connections", -0.003),
-    "deepseek_v4": (NOTED, "its compressors' and indexers' weights, hyper-connections", 0.024),
     "hy_v4": (NOTED, "the indexer, hyper-connections", -0.015),
     "inkling_text": (NOTED, "the sliding layers' own heads", -0.0012),
     "inkling_mm_model": (NOTED, "the sliding layers' own heads", -0.0013),
