@@ -81,6 +81,7 @@ class V4Attention:
     o_groups: int = 8
     index_heads: int = 64
     hc_mult: int = 4  # hyper-connections: streams of the residual
+    mxfp4_experts: bool = True  # expert_dtype "fp4" (vLLM's default when absent): MXFP4 experts under FP8
 
     def layer_parameters(self, hidden: int, heads: int, ratio: int) -> int:
         """A layer's attention, compressors, indexer and hyper-connections, as transformers 5.19 builds them.
@@ -151,6 +152,7 @@ def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4
         o_groups=first_int(cfg, "o_groups") or 8,
         index_heads=first_int(cfg, "index_n_heads") or 64,
         hc_mult=first_int(cfg, "hc_mult") or 1,
+        mxfp4_experts=cfg.get("expert_dtype", "fp4") == "fp4",
     )
 
 

@@ -141,6 +141,17 @@ def _experts_on_one_gpu(request: PlanRequest) -> tuple[int, float]:
     return expert_parameter_count(arch), placement.share_of_experts(arch.moe.num_experts)
 
 
+def _expert_element(request: PlanRequest, dtype: str) -> float:
+    """Bytes a routed expert parameter takes: DeepSeek-V4's FP8 checkpoints keep their experts in MXFP4.
+
+    ``DeepseekV4FP8Config.expert_dtype`` (``vllm/models/deepseek_v4/quant_config.py``, 0.32.0): the config's
+    ``expert_dtype``, ``fp4`` when absent (DeepSeek-V4-Flash), ``fp8`` for Flash-Base.
+    """
+    v4 = request.architecture.v4
+    mxfp4 = dtype == "fp8" and v4 is not None and v4.mxfp4_experts
+    return weight_bytes_per_param("mxfp4" if mxfp4 else dtype)
+
+
 def paper_weights_per_gpu(request: PlanRequest, params: int) -> int:
     """The seeds' weights on one GPU: every parameter at the dtype's bytes (MXFP4: the experts only).
 
@@ -153,7 +164,7 @@ def paper_weights_per_gpu(request: PlanRequest, params: int) -> int:
         quantised = experts * weight_bytes_per_param("mxfp4") * share
         return round(quantised + (params - experts) * weight_bytes_per_param("bf16") / tp)
     element = weight_bytes_per_param(dtype)
-    return round((params - experts) * element / tp + experts * element * share)
+    return round((params - experts) * element / tp + experts * _expert_element(request, dtype) * share)
 
 
 def rope_cache_bytes(request: PlanRequest) -> int:
@@ -181,7 +192,7 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
         experts, share = _experts_on_one_gpu(request)
         embeddings = min(params - experts, embedding_parameter_count(arch))
         quantised = (params - experts - embeddings) * weight_bytes_per_param(dtype)
-        spread = experts * weight_bytes_per_param(dtype) * share
+        spread = experts * _expert_element(request, dtype) * share
         return beside + round((quantised + embeddings * unquantised) / tp + spread)
     return beside + paper_weights_per_gpu(request, params)
 

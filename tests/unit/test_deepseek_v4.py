@@ -29,8 +29,9 @@ from sidecar.budget.deepseek_v4 import (
     v4_attention,
     v4_pool,
 )
+from sidecar.budget.dtypes import MXFP4_BYTES
 from sidecar.budget.kv_terms import plan_gaps
-from sidecar.budget.parameters import computed_parameter_count
+from sidecar.budget.parameters import computed_parameter_count, expert_parameter_count
 from sidecar.budget.profile import indexer_replicas_bytes
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
@@ -183,3 +184,20 @@ def test_the_parameters_are_transformers_count_and_the_replicas_are_on_every_gpu
     assert indexer_replicas_bytes(request) == round(whole * 2 * 7 / 8)
     note = " ".join(build_ledger(request).notes)
     assert "query and KV down-projections, compressors and indexers, whole on every GPU" in note
+
+
+@pytest.mark.parametrize(
+    ("expert_dtype", "element"), [("fp4", MXFP4_BYTES), ("fp8", 1.0), (None, MXFP4_BYTES)]
+)
+def test_an_fp8_checkpoint_keeps_its_experts_in_the_expert_dtype(
+    expert_dtype: str | None, element: float
+) -> None:
+    """DeepSeek-V4-Flash: FP8 linear layers and MXFP4 experts (``expert_dtype`` ``fp4``, vLLM's default)."""
+    config = FLASH | {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    if expert_dtype:
+        config["expert_dtype"] = expert_dtype
+    arch = architecture_from_config(config)
+    ledger = build_ledger(PlanRequest(arch, 141 * GIB, tensor_parallel_size=4, max_model_len=131072))
+    experts = expert_parameter_count(arch)
+    others = ledger.parameters - experts
+    assert ledger.weights_bytes == round(others * 1.0 / 4 + experts * element / 4)
