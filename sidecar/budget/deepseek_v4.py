@@ -303,3 +303,20 @@ def v4_terms(request: PlanRequest) -> V4Terms | None:
     blocks = pool.blocks_per_request(request.effective_max_model_len, request.in_flight_tokens)
     groups = KvGroups(full=1, sliding=len(pool.groups) - 1)
     return V4Terms(pool.bytes_per_token, blocks * pool.stride, pool.stride, blocks, groups)
+
+
+def v4_notes(request: PlanRequest) -> tuple[str, ...]:
+    """What ``plan`` says of DeepSeek-V4's pool beyond its table (none for other models)."""
+    attention = request.architecture.v4
+    if attention is None:
+        return ()
+    pool, length = v4_pool(attention, request.kv_cache_dtype), request.effective_max_model_len
+    in_flight = request.in_flight_tokens
+    blocks = pool.blocks_per_request(length, in_flight)
+    growing = sum(g.blocks_per_request(length, in_flight) for g in pool.groups if g.window is None)
+    return (
+        f"DeepSeek-V4: {len(pool.groups)} KV cache groups, every cache whole on each GPU; a {length:,}-token "
+        f"request holds {blocks:,} blocks of {pool.stride:,} bytes, {blocks - growing:,} of them for its "
+        f"{attention.window}-token windows and compressor states whatever its length ({in_flight:,} tokens in "
+        "flight)",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
+from sidecar.budget.deepseek_v4 import v4_notes
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
@@ -54,7 +55,8 @@ def plan_notes(
         notes.append(
             f"max_num_seqs {request.max_num_seqs} is below the target concurrency {request.concurrency}"
         )
-    if arch.num_kv_heads < request.tensor_parallel_size and arch.mla is None:
+    notes.extend(v4_notes(request))
+    if arch.num_kv_heads < request.tensor_parallel_size and arch.mla is None and arch.v4 is None:
         notes.append(
             f"{arch.num_kv_heads} KV heads over {request.tensor_parallel_size} GPUs: "
             "each GPU keeps a full KV head (replicated)"

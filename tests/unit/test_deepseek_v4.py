@@ -151,6 +151,12 @@ def test_the_ledger_plans_flash_at_a_million_tokens_as_vllm_packs_it() -> None:
     assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / blocks * 1_048_576)
     assert ledger.verdict.value != "does-not-fit"
     assert "compressed_sparse_attention" not in " ".join(ledger.notes)
+    assert (
+        "DeepSeek-V4: 5 KV cache groups, every cache whole on each GPU; a 1,048,576-token request holds 10,778 "
+        "blocks of 1,002,240 bytes, 6,682 of them for its 128-token windows and compressor states whatever its "
+        "length (16,384 tokens in flight)"
+    ) in ledger.notes
+    assert not any("KV heads over" in note for note in ledger.notes)
     assert plan_gaps(request.architecture) is None  # caches, compressors, indexers, hyper-connections
 
 
