@@ -317,6 +317,6 @@ def v4_notes(request: PlanRequest) -> tuple[str, ...]:
     return (
         f"DeepSeek-V4: {len(pool.groups)} KV cache groups, every cache whole on each GPU; a {length:,}-token "
         f"request holds {blocks:,} blocks of {pool.stride:,} bytes, {blocks - growing:,} of them for its "
-        f"{attention.window}-token windows and compressor states whatever its length ({in_flight:,} tokens in "
-        "flight)",
+        f"{attention.window}-token windows and compressor states whatever its length "
+        f"({in_flight:,} tokens in flight)",
     )
