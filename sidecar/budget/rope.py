@@ -17,6 +17,13 @@ times ``partial_rotary_factor`` (MLA: ``qk_rope_head_dim``).
 Most tables are small (Llama-3.1-8B: 131,072 x 128 x 2 B = 32 MiB, which its "Model loading took" shows
 at TP 1, 2 and 4 alike), but Llama 4's ``max_position_embeddings`` of 10,485,760 makes Scout's 2.5 GiB on
 each GPU: the gap between its parameters and the 53.12 GiB its TP 4 log loads.
+
+DeepSeek-V4 (``build_deepseek_v4_rope``, ``vllm/models/deepseek_v4/common/rope.py``, 0.32.0) rotates
+``qk_rope_head_dim`` values with ``DeepseekV4ScalingRotaryEmbedding``, whose table is float32: one for its
+window-only layers (``max_position_embeddings`` positions, YaRN factor 1) and one for its compressed layers
+(YaRN's ``original_max_position_embeddings x factor`` from the ``compress`` or the flat parameters, or
+``max_position_embeddings`` when they name no scaling). DeepSeek-V4-Flash: two tables of 1,048,576 x 64,
+0.5 GiB on every GPU.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from typing import Any, Final
 
 NO_ROPE_TYPES: Final = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt"})
 """Families with learned or ALiBi positions (Falcon too when ``alibi`` is set): no table."""
-FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss"})
-"""Families whose vLLM module asks ``get_rope`` for a float32 table."""
+FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4"})
+"""Families whose vLLM module asks ``get_rope`` for a float32 table (DeepSeek-V4: its rotary class does)."""
 _TWO_TABLE_TYPES: Final = frozenset({"gemma3", "gemma3_text"})
 
 
@@ -62,6 +69,8 @@ def rope_cache_elements(
     """
     if model_type in NO_ROPE_TYPES or cfg.get("alibi") or not max_positions:
         return 0
+    if model_type == "deepseek_v4":
+        return _deepseek_v4_elements(cfg, max_positions, ropes)
     if isinstance(cfg.get("rotary_dim"), int):  # GPT-J
         dim = int(cfg["rotary_dim"])
     else:
@@ -73,3 +82,24 @@ def rope_cache_elements(
     if model_type in _TWO_TABLE_TYPES and len(tables) == 1:
         tables.append(max_positions)  # the local layers' table (rope_local_base_freq), unscaled
     return sum(tables) * dim
+
+
+def _deepseek_v4_elements(
+    cfg: Mapping[str, Any], max_positions: int, ropes: Sequence[Mapping[str, Any]]
+) -> int:
+    """DeepSeek-V4's tables (see the module docstring): the window-only layers' and the compressed layers'."""
+    ratios = cfg.get("compress_ratios")
+    layers = cfg.get("num_hidden_layers")
+    compressed: set[bool] = set()  # whether each layer compresses
+    if isinstance(ratios, list) and isinstance(layers, int):
+        compressed = {int(r) > 1 for r in ratios[:layers]}
+    elif isinstance(cfg.get("layer_types"), list):  # transformers 5: every listed type but sliding compresses
+        compressed = {kind != "sliding_attention" for kind in cfg["layer_types"]}
+    nested = cfg.get("rope_parameters")
+    compress = nested.get("compress") if isinstance(nested, Mapping) else None
+    scaled = compress if isinstance(compress, Mapping) else (ropes[0] if ropes else None)
+    tables = [max_positions] if False in compressed else []  # the window-only layers' (YaRN factor 1)
+    if True in compressed:
+        tables.append(_positions(scaled, max_positions))
+    dim = cfg.get("qk_rope_head_dim")
+    return sum(tables) * (dim if isinstance(dim, int) else 64)

@@ -32,7 +32,7 @@ from sidecar.budget.deepseek_v4 import (
 from sidecar.budget.dtypes import MXFP4_BYTES
 from sidecar.budget.kv_terms import plan_gaps
 from sidecar.budget.parameters import computed_parameter_count, expert_parameter_count
-from sidecar.budget.profile import indexer_replicas_bytes
+from sidecar.budget.profile import indexer_replicas_bytes, rope_cache_bytes
 from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
@@ -207,3 +207,14 @@ def test_an_fp8_checkpoint_keeps_its_experts_in_the_expert_dtype(
     experts = expert_parameter_count(arch)
     others = ledger.parameters - experts
     assert ledger.weights_bytes == round(others * 1.0 / 4 + experts * element / 4)
+
+
+def test_the_rope_tables_are_two_float32_tables_of_the_rope_dimension() -> None:
+    """Window-only layers: 1,048,576 positions; compressed ones: YaRN's 65,536 x 16; 64 values, float32 each."""
+    request = PlanRequest(
+        architecture_from_config(FLASH), 141 * GIB, tensor_parallel_size=8, max_model_len=4096
+    )
+    assert rope_cache_bytes(request) == 2 * 1_048_576 * 64 * 4  # was 1 GiB: 512 values a row, one bf16 table
+    only_compressed = FLASH | {"compress_ratios": [4, 128] * 21 + [4, 0]}
+    request = PlanRequest(architecture_from_config(only_compressed), 141 * GIB, max_model_len=4096)
+    assert rope_cache_bytes(request) == 1_048_576 * 64 * 4
