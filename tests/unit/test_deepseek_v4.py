@@ -147,6 +147,7 @@ def test_the_ledger_plans_flash_at_a_million_tokens_as_vllm_packs_it() -> None:
     assert ledger.kv_bytes_per_token == 3915  # was 88,064: 43 layers of K and V at bf16
     assert ledger.kv_bytes_per_sequence == blocks * 1_002_240
     assert ledger.kv_pool_blocks == ledger.kv_pool_bytes // 1_002_240
+    assert ledger.block_size == 256  # the latents' block; the windows' is 64, the states' 4 and 8
     assert ledger.max_concurrency == round(ledger.kv_pool_blocks / blocks, 2)
     assert ledger.kv_pool_tokens == int(ledger.kv_pool_blocks / blocks * 1_048_576)
     assert ledger.verdict.value != "does-not-fit"
