@@ -41,6 +41,12 @@ running sequence holds slots past its tokens: the ``k`` drafts being verified pl
 ``min(computed + new + lookahead, max_model_len)`` slots). The page gives ``k`` but not the method, so
 :attr:`PoolView.slot_margin` takes the largest, ``2k + 1``: at most ``k + 1`` tokens more than n-gram holds.
 
+DeepSeek-V4's pool (:mod:`sidecar.budget.deepseek_v4`) has one group of compressed latents in 256-token blocks
+and windowed groups of three block sizes: its 128-token windows in 64-token blocks and its compressors'
+running states in blocks of 4 and 8 tokens, each windowed group capped like a sliding window
+(:class:`WindowGroups`); every cap rises with the tokens in flight, so the engine's figure gives that one
+number (``sidecar.monitor.pool``).
+
 Prefix sharing is planned only for single-group layouts: a hybrid model's cache hit needs its
 sliding-window blocks too, which vLLM frees once they leave the window, so counting its full-attention
 prefix blocks once could plan fewer blocks than vLLM allocates.
@@ -50,6 +56,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WindowGroups:
+    """Windowed KV cache groups with a block of their own (DeepSeek-V4's windows and compressor states)."""
+
+    groups: int
+    block: int  # tokens a block holds
+    cap: int  # blocks a sequence holds at most in each
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +80,18 @@ class GroupLayout:
     state_blocks: int = 0  # blocks a sequence holds in each of them, whatever its length
     full_block: int = 0  # tokens a full-attention group's block holds, when not ``block_size`` (Gemma 4)
     window_block: int = 0  # tokens a sliding-window group's block holds, when not ``block_size``
+    windows: tuple[WindowGroups, ...] = ()  # more windowed groups, each kind with its own block and cap
 
     @property
     def single(self) -> bool:
         """Whether the pool has one full-attention group (blocks are tokens over the block size)."""
-        return self.full == 1 and self.sliding == 0 and self.chunked == 0 and self.state == 0
+        return (
+            self.full == 1
+            and self.sliding == 0
+            and self.chunked == 0
+            and self.state == 0
+            and not self.windows
+        )
 
     def blocks(self, tokens: int, block_size: int) -> int:
         """Pool blocks a sequence of ``tokens`` tokens holds."""
@@ -79,6 +101,7 @@ class GroupLayout:
             + self.sliding * min(blocks_for(tokens, self.window_block or block_size), self.window_cap)
             + self.chunked * min(whole, self.chunk_cap)
             + (self.state * self.state_blocks if whole else 0)
+            + sum(w.groups * min(blocks_for(tokens, w.block), w.cap) for w in self.windows)
         )
 
     def reserved_blocks(self, tokens: int, block_size: int) -> int:
@@ -87,8 +110,10 @@ class GroupLayout:
         A sliding group counts its whole cap, one more than the sequence holds when the window and what is in
         flight span it (``SlidingWindowSpec.max_admission_blocks_per_request``, 0.15.0 to 0.32.0).
         """
-        return self.blocks(tokens, block_size) + self.sliding * max(
-            0, self.window_cap - blocks_for(tokens, self.window_block or block_size)
+        return (
+            self.blocks(tokens, block_size)
+            + self.sliding * max(0, self.window_cap - blocks_for(tokens, self.window_block or block_size))
+            + sum(w.groups * max(0, w.cap - blocks_for(tokens, w.block)) for w in self.windows)
         )
 
 

@@ -9,20 +9,23 @@ speculative tokens (:data:`sidecar.signals.vllm.SPEC_POSITIONS`) say how fast se
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
-from sidecar.admission.geometry import LayoutAnswer, PoolView, engine_blocks_per_request, resolve_layout
+from sidecar.admission.geometry import (
+    GroupLayout,
+    LayoutAnswer,
+    PoolView,
+    WindowGroups,
+    engine_blocks_per_request,
+    resolve_layout,
+)
+from sidecar.budget.deepseek_v4 import PackedPool, v4_pool
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.budget.kv_terms import kv_pages, layer_kv_bytes_per_token, state_terms
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.monitor.monitor import Monitor
 from sidecar.signals.kinds import EngineKind
-
-V4_FALLBACK = (
-    "DeepSeek-V4's packed KV pool (windows, compressor states and compressed latents in five groups of "
-    "their own block sizes) is not modelled for admission by blocks"
-)
-"""Why admission falls back to the lanes policy for DeepSeek-V4 (:mod:`sidecar.budget.deepseek_v4`)."""
 
 
 def usable_blocks(num_gpu_blocks: int) -> int:
@@ -47,7 +50,8 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
         return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
     arch = request.architecture
     if arch.v4 is not None:  # windows, states and compressed latents with blocks of 64, 4, 8 and 256 tokens
-        return LayoutAnswer(None, V4_FALLBACK)
+        pool = v4_pool(arch.v4, request.kv_cache_dtype)
+        return _v4_layout(pool, max_model_len, engine_blocks, request.in_flight_tokens)
     groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
     per_layer = layer_kv_bytes_per_token(request)
@@ -108,4 +112,43 @@ def admission_pool(monitor: Monitor) -> PoolAnswer:
             source="prediction",
             layout=layout.layout,
         )
+    )
+
+
+def _v4_layout(
+    pool: PackedPool, max_model_len: int, engine_blocks: int | None, in_flight: int
+) -> LayoutAnswer:
+    """DeepSeek-V4's groups (:mod:`sidecar.budget.deepseek_v4`): its latents' whole, its windowed ones capped.
+
+    Every cap rises with the tokens vLLM counts in flight, so the engine's blocks per full-length request give
+    that number: the fewest tokens in flight whose caps reach the engine's figure, which must then match it.
+    Without the engine's figure, the prediction's tokens in flight.
+    """
+    latents = [group for group in pool.groups if group.window is None]
+    kinds = Counter((group.block, group.window) for group in pool.groups if group.window is not None)
+
+    def at(tokens: int) -> GroupLayout:
+        windows = tuple(
+            WindowGroups(count, block, sliding_window_blocks(window, tokens, max_model_len, block))
+            for (block, window), count in kinds.items()
+            if window is not None
+        )
+        return GroupLayout(full=len(latents), full_block=latents[0].block, windows=windows)
+
+    if engine_blocks is None:
+        return LayoutAnswer(at(in_flight))
+    low, high = 0, max_model_len
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (
+            (middle + 1, high)
+            if at(middle).reserved_blocks(max_model_len, 1) < engine_blocks
+            else (low, middle)
+        )
+    if at(low).reserved_blocks(max_model_len, 1) == engine_blocks:
+        return LayoutAnswer(at(low))
+    return LayoutAnswer(
+        None,
+        f"the engine plans {engine_blocks} blocks for a {max_model_len}-token request, which DeepSeek-V4's "
+        f"{len(pool.groups)} KV cache groups do not explain at any number of tokens in flight; check --model",
     )

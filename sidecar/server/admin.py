@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -39,7 +40,7 @@ def fallback_reason(monitor: Monitor) -> str:
     return admission_pool(monitor).why  # empty while a pool is known (then capacity is not falling back)
 
 
-def layout_document(pool: PoolView | None) -> dict[str, int] | None:
+def layout_document(pool: PoolView | None) -> dict[str, Any] | None:
     """The KV cache groups a request's blocks are planned over (``None`` while no pool is known)."""
     if pool is None:
         return None
@@ -50,6 +51,7 @@ def layout_document(pool: PoolView | None) -> dict[str, int] | None:
         "sliding_window_cap_blocks": layout.window_cap,
         "speculative_tokens": pool.speculative_tokens,  # drafts a step: sequences grow up to one more a step
         **({"state_groups": layout.state, "state_blocks": layout.state_blocks} if layout.state else {}),
+        **({"windowed_groups": [asdict(w) for w in layout.windows]} if layout.windows else {}),
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.admission.geometry import GroupLayout, WindowGroups
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger
 from sidecar.budget.deepseek_v4 import (
     BLOCK_SIZE,
@@ -37,9 +38,14 @@ from sidecar.logs import make_logger
 from sidecar.monitor.diagnose import MonitorSettings
 from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.planning import PlanInputs
-from sidecar.monitor.pool import V4_FALLBACK, admission_pool
+from sidecar.monitor.pool import admission_pool
+from sidecar.signals import parse_vllm_metrics
 from sidecar.units import GIB
+from tests.fake_vllm import substitute_label
 
+DATA = Path(__file__).parents[1] / "data" / "vllm"
+TINY = json.loads((DATA / "tiny-deepseek-v4-config.json").read_text())
+TINY_PAGE = DATA / "vllm-0.32.0-cpu-tiny-deepseek-v4.prom"  # the real CPU server: 874 blocks per request
 SWEEP = Path(__file__).parents[1] / "data" / "transformers-defaults-sweep.json"
 FLASH_RATIOS = [0, 0] + [4, 128] * 20 + [4, 0]  # 43 layers and the MTP placeholder
 FLASH: dict[str, Any] = {
@@ -161,19 +167,60 @@ def test_the_ledger_plans_flash_at_a_million_tokens_as_vllm_packs_it() -> None:
     assert plan_gaps(request.architecture) is None  # caches, compressors, indexers, hyper-connections
 
 
-def test_admission_falls_back_to_lanes_and_says_why() -> None:
-    """Before and after the engine reports its pool: GroupLayout has no room for five kinds of group."""
+def _monitor(config: dict[str, Any], max_model_len: int, **settings: Any) -> Monitor:
     inputs = PlanInputs(
-        architecture=architecture_from_config(FLASH), model="flash", gpu_memory_bytes=141 * GIB,
-        tensor_parallel_size=8, max_model_len=131072,
+        architecture=architecture_from_config(config), model="flash", gpu_memory_bytes=141 * GIB,
+        max_model_len=max_model_len, **settings,
     )  # fmt: skip
-    monitor = Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+    return Monitor(inputs, MonitorSettings(), make_logger(io.StringIO()))
+
+
+def test_admission_plans_the_predicted_pool_over_its_five_groups() -> None:
+    """Before the engine reports: the latents' group whole, the windows and states capped at the prediction's."""
+    monitor = _monitor(
+        FLASH, 131072, tensor_parallel_size=8, max_num_batched_tokens=8192, async_scheduling=True
+    )
     monitor.refresh(0.0)
     assert monitor.ledger is not None
-    assert monitor.ledger.kv_pool_blocks > 0
+    answer = admission_pool(monitor)
+    assert answer.view is not None
+    assert answer.view.blocks == monitor.ledger.kv_pool_blocks - 1  # vLLM's null block
+    assert answer.view.layout == GroupLayout(
+        full=1, full_block=256,
+        windows=(WindowGroups(2, 64, 259), WindowGroups(1, 4, 4099), WindowGroups(1, 8, 2065)),
+    )  # fmt: skip
+    assert answer.view.layout.reserved_blocks(131072, 256) == 512 + 2 * 259 + 4099 + 2065
+    # a 1,000-token sequence: 4 latent blocks, 16 in each window group, 250 and 125 of compressor states
+    assert answer.view.sequence_blocks(1000) == 4 + 2 * 16 + 250 + 125
+
+
+def test_admission_reads_the_tokens_in_flight_from_the_real_engines_figure() -> None:
+    """The real CPU server's page: 874 blocks per 4,096-token request, which 2,048 tokens in flight give."""
+    monitor = _monitor(
+        TINY, 4096
+    )  # the prediction's own in-flight guess differs (8,192 x 2 on a 141 GiB GPU)
+    monitor.record_success(parse_vllm_metrics(TINY_PAGE.read_text()), now=0.0)
+    answer = admission_pool(monitor)
+    assert answer.view is not None
+    assert (answer.view.blocks, answer.view.block_size) == (11435, 4)
+    assert answer.view.layout == GroupLayout(
+        full=1, full_block=256,
+        windows=(WindowGroups(2, 64, 35), WindowGroups(1, 4, 515), WindowGroups(1, 8, 273)),
+    )  # fmt: skip
+    assert answer.view.layout.reserved_blocks(4096, 4) == 874
+    assert not answer.view.shares_prefixes
+
+
+def test_a_figure_no_tokens_in_flight_explain_falls_back_with_the_reason() -> None:
+    # 40 blocks: fewer than the 42 a request holds with nothing in flight (16 latent, 2 x 3 window, 3 and 17 state)
+    page = substitute_label(
+        TINY_PAGE.read_text(), "vllm:cache_config_info", "kv_cache_max_concurrency", "285.9"
+    )
+    monitor = _monitor(TINY, 4096)
+    monitor.record_success(parse_vllm_metrics(page), now=0.0)
     answer = admission_pool(monitor)
     assert answer.view is None
-    assert answer.why == V4_FALLBACK
+    assert answer.why.startswith("the engine plans 40 blocks for a 4096-token request, which DeepSeek-V4's 5")
 
 
 def test_the_parameters_are_transformers_count_and_the_replicas_are_on_every_gpu() -> None:
