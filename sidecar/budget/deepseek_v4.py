@@ -66,6 +66,12 @@ INDEXER_MXFP4_BYTES: Final = 68  # 64 bytes of packed pairs and one UE8M0 byte p
 _STATE_BLOCK: Final = {4: 4, 128: 8}  # CompressorStateCache.block_size by ratio
 _FLOAT32: Final = 4
 _LAYER_TYPE_RATIOS: Final = {"sliding_attention": 1}  # transformers 5's layer_types beside compress_rates
+NO_KERNEL_GPU_NAMES: Final = ("v100", "t4", "a100", "a10", "a30", "a40", "a6000", "3090", "4090", "l4", "l20")
+"""GPUs of compute capability 7.x and 8.x: vLLM 0.32 has no DeepSeek-V4 attention for them.
+
+``DeepseekV4FlashMLABackend.supports_compute_capability``: ``major in [9, 10]``
+(``vllm/models/deepseek_v4/sparse_mla.py``); 12.x takes FlashInfer's SM120 class (``_select_dsv4_attn_cls``,
+``vllm/models/deepseek_v4/nvidia/model.py``). Community forks add 8.9; upstream 0.32 does not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,9 +320,23 @@ def v4_notes(request: PlanRequest) -> tuple[str, ...]:
     in_flight = request.in_flight_tokens
     blocks = pool.blocks_per_request(length, in_flight)
     growing = sum(g.blocks_per_request(length, in_flight) for g in pool.groups if g.window is None)
-    return (
+    notes = []
+    if any(name in request.gpu.lower() for name in NO_KERNEL_GPU_NAMES):
+        notes.append(
+            "vLLM 0.32 runs DeepSeek-V4's sparse attention on compute capability 9.x and 10.x (FlashMLA) "
+            f"or 12.x (FlashInfer) only: {request.gpu} has no kernel for it, so the engine cannot serve this "
+            "model there (the figures are what its pool would be)"
+        )
+    if normalise_dtype(request.kv_cache_dtype) in {"bf16", "fp16"}:
+        notes.append(
+            "DeepSeek-V4 with 16-bit KV: vLLM's default backend (FlashMLA) keeps fp8_ds_mla only and refuses "
+            "to start (_resolve_dsv4_kv_cache_dtype); bf16 rows need --attention-backend "
+            "FLASHINFER_MLA_SPARSE_DSV4 (Blackwell), as planned here"
+        )
+    notes.append(
         f"DeepSeek-V4: {len(pool.groups)} KV cache groups, every cache whole on each GPU; a {length:,}-token "
         f"request holds {blocks:,} blocks of {pool.stride:,} bytes, {blocks - growing:,} of them for its "
         f"{attention.window}-token windows and compressor states whatever its length "
-        f"({in_flight:,} tokens in flight)",
+        f"({in_flight:,} tokens in flight)"
     )
+    return tuple(notes)

@@ -266,3 +266,26 @@ def test_the_rope_tables_are_two_float32_tables_of_the_rope_dimension() -> None:
     only_compressed = FLASH | {"compress_ratios": [4, 128] * 21 + [4, 0]}
     request = PlanRequest(architecture_from_config(only_compressed), 141 * GIB, max_model_len=4096)
     assert rope_cache_bytes(request) == 1_048_576 * 64 * 4
+
+
+@pytest.mark.parametrize(
+    ("gpu", "served"), [("h100", True), ("h200", True), ("a100-80gb", False), ("l40s", False)]
+)
+def test_a_gpu_without_its_attention_kernels_is_named(gpu: str, served: bool) -> None:
+    """vLLM 0.32's DeepSeek-V4 attention needs compute capability 9.x, 10.x or 12.x."""
+    request = PlanRequest(architecture_from_config(FLASH), 80 * GIB, gpu=gpu, max_model_len=4096)
+    named = any("has no kernel for it" in note for note in build_ledger(request).notes)
+    assert named is not served
+
+
+@pytest.mark.parametrize(("kv_cache_dtype", "warned"), [("auto", False), ("fp8", False), ("bfloat16", True)])
+def test_sixteen_bit_kv_says_the_default_backend_refuses_it(kv_cache_dtype: str, warned: bool) -> None:
+    request = PlanRequest(
+        architecture_from_config(FLASH),
+        141 * GIB,
+        gpu="h200",
+        max_model_len=4096,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    named = any("keeps fp8_ds_mla only and refuses to start" in note for note in build_ledger(request).notes)
+    assert named is warned
