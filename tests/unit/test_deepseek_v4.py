@@ -60,8 +60,9 @@ FLASH: dict[str, Any] = {
     "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
                      "type": "yarn"},
 }  # fmt: skip
-"""DeepSeek-V4-Flash-Base's published config.json (its architecture fields) as ``alibaba/rtp-llm``'s V4 test
-restates it ("Authoritative DeepSeek-V4-Flash-Base config (as published on HF)")."""
+"""DeepSeek-V4-Flash-Base's published config.json (its architecture fields) as a public repository's test of
+the ``rtp_llm`` package restates it, "Authoritative DeepSeek-V4-Flash-Base config (as published on HF)" (code
+index id 59855246185; the repository is not named there)."""
 SWA, C4, C4_INDEX, C128 = 37440, 37440, 8640, 1728  # fp8_ds_mla pages: 64 x 584, 64 x 132, 2 x 584, padded
 C4_STATE, C4_INDEX_STATE, C128_STATE = 32832, 8640, 32832  # float32 states: 4 x 2048, 4 x 512, 8 x 1024
 
