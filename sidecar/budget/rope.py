@@ -31,6 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from sidecar.budget.config_fields import first_int
+from sidecar.budget.deepseek_v4 import v4_attention
+
 NO_ROPE_TYPES: Final = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt"})
 """Families with learned or ALiBi positions (Falcon too when ``alibi`` is set): no table."""
 FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4"})
@@ -88,13 +91,8 @@ def _deepseek_v4_elements(
     cfg: Mapping[str, Any], max_positions: int, ropes: Sequence[Mapping[str, Any]]
 ) -> int:
     """DeepSeek-V4's tables (see the module docstring): the window-only layers' and the compressed layers'."""
-    ratios = cfg.get("compress_ratios")
-    layers = cfg.get("num_hidden_layers")
-    compressed: set[bool] = set()  # whether each layer compresses
-    if isinstance(ratios, list) and isinstance(layers, int):
-        compressed = {int(r) > 1 for r in ratios[:layers]}
-    elif isinstance(cfg.get("layer_types"), list):  # transformers 5: every listed type but sliding compresses
-        compressed = {kind != "sliding_attention" for kind in cfg["layer_types"]}
+    attention = v4_attention(cfg, "deepseek_v4", first_int(cfg, "num_hidden_layers") or 0)
+    compressed = {ratio > 1 for ratio in attention.ratios} if attention else set()  # whether layers compress
     nested = cfg.get("rope_parameters")
     compress = nested.get("compress") if isinstance(nested, Mapping) else None
     scaled = compress if isinstance(compress, Mapping) else (ropes[0] if ropes else None)
