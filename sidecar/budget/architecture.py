@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int, read_config_file
 from sidecar.budget.deepseek_v4 import V4Attention, v4_attention
@@ -233,11 +233,18 @@ def _without_aliases(defaults: Mapping[str, Any], published: Mapping[str, Any]) 
     return {k: v for k, v in defaults.items() if k not in dropped}
 
 
+TIE_FIELD: Final = "tie_word_embeddings"
+"""Whether the LM head shares the token embeddings: the language model's (text config's) field."""
+
+
 def _with_defaults(top: Mapping[str, Any]) -> dict[str, Any]:
     """The language model's fields: the config's own, else transformers' defaults for its model types.
 
     Precedence, lowest first: the text config class's defaults, the top config class's defaults, the
-    published top level, the published ``text_config``.
+    published top level, the published ``text_config``. ``tie_word_embeddings`` is the language model's own
+    (vLLM ties by ``text_config``, which transformers builds from the published ``text_config`` and its class
+    alone: a published or default top-level value never reaches it; checked with transformers 5.19's
+    ``AutoConfig``), so where a text config class is known its default beats the top level's.
     """
     text = top.get("text_config")
     text = text if isinstance(text, Mapping) else {}
@@ -250,7 +257,10 @@ def _with_defaults(top: Mapping[str, Any]) -> dict[str, Any]:
         nested_fields = [top.get(key) for key in ("attn_config", "ffn_config")]
         text = {**{k: v for sub in nested_fields if isinstance(sub, Mapping) for k, v in sub.items()}, **text}
     defaults = _without_aliases({**text_defaults, **plain}, {**top, **text})
-    return {**defaults, **top, **text, "model_type": text.get("model_type") or top.get("model_type")}
+    merged = {**defaults, **top, **text, "model_type": text.get("model_type") or top.get("model_type")}
+    if TIE_FIELD not in text and TIE_FIELD in text_defaults and (text or nested):
+        merged[TIE_FIELD] = text_defaults[TIE_FIELD]
+    return merged
 
 
 def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
@@ -294,7 +304,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     dtype = normalise_dtype(
         str(cfg.get("torch_dtype") or cfg.get("dtype") or top.get("torch_dtype") or "bf16")
     )
-    tie = cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", model_type.startswith("gemma")))
+    tie = cfg.get(TIE_FIELD, top.get(TIE_FIELD, model_type.startswith("gemma")))
     mla = _mla(cfg)
     max_positions = first_int(cfg, "max_position_embeddings", "n_positions", "seq_length", "max_seq_len")
     rotary = mla.qk_rope_head_dim if mla else head_dim
