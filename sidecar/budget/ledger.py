@@ -120,6 +120,7 @@ class PlanRequest:
     kv_cache_memory_bytes: int | None = None  # vLLM --kv-cache-memory-bytes: the pool, not derived
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
+    flashinfer_sampler: bool | None = None  # vLLM's VLLM_USE_FLASHINFER_SAMPLER (None: unset)
     vllm_version: str = NEWEST_MODELLED  # selects the release's defaults and profiling rules
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off

@@ -39,7 +39,17 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
   normed copy beside the MLP's gate/up output (2 x intermediate) and its activated product;
 * sampler: ``R x vocab x (2 + 3 x 4)`` bytes: the model's 16-bit logits, their float32 copy
   (``Sampler.forward``), the probabilities and the exponential noise (``TopKTopPSampler``,
-  ``random_sample``), read in 0.32.0; the dummy run sets top-k and top-p, so the filtering path runs;
+  ``random_sample``), read in 0.32.0; the dummy run sets top-k and top-p, so the filtering path runs.
+  Where that path sorts the vocabulary (PyTorch's ``apply_top_k_top_p``: 0.11.1-0.16.x, and earlier V1
+  releases without FlashInfer; :meth:`~sidecar.budget.vllm_release.VllmRelease.sampler_sorts_vocabulary`)
+  the sort is the peak: ``R x vocab x (2 + 4 + 32)`` bytes (:data:`SAMPLER_SORT_BYTES`). Qwen3-14B on an
+  H100 logs a torch peak of 5.64 GiB with vLLM 0.15.0 and 0.16.0 and 2.23 GiB with 0.17.0 and 0.18.0
+  (llm-d-planner's version sweep): 37.7 and 14.2 bytes per logit beside the profile workspace; and the one
+  vLLM 0.10.1.1 A100 boot whose log says "Falling back to the PyTorch-native implementation of top-p & top-k
+  sampling" is the one of six that the plan had 8.5% too large. With speculative decoding in those releases
+  the rejection pass below samples its bonus rows through the same sort; the plan takes the larger of the two
+  passes as they are modelled here, which leaves out the rejection pass's own rows during that sort (no log
+  with speculative decoding from 0.11.1-0.16 is on the table);
 * with speculative decoding (any method), the profile then runs the rejection sampler too
   (``_dummy_sampler_run``): over ``2R`` fresh rows of logits (one draft token and one bonus row per
   request), it samples the ``R`` bonus rows with the plain sampler, keeping their logits in float32
@@ -59,6 +69,13 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
 * MoE layers work in two scratch buffers that vLLM keeps after the forward (``WorkspaceManager``,
   ``vllm/v1/worker/workspace.py``), sized by the experts' ``workspace_shapes``
   (``fused_moe/experts/triton_moe.py``, ``marlin_moe.py``, 0.32.0): ``moe_workspace_bytes``;
+* a multimodal model's profile first runs its encoder on a dummy batch of the largest items that fit the
+  encoder budget (``max(max_num_batched_tokens, tokens of one item)``) and keeps the outputs in the encoder
+  cache through both passes (``GPUModelRunner.profile_run``, read in 0.19.0 and 0.32.0): up to ``T x hidden``
+  16-bit elements (:func:`encoder_outputs_bytes`; the budget's tokens, which an item's size divides or
+  nearly: 32 Gemma 3 images of 256 tokens, 3 Llama 4 images, 2 Pixtral images of 3,080 tokens). The
+  encoder's own pass runs before them and is not modelled: on every boot on the table that prints it, the
+  language model's passes are the larger;
 * plus :data:`PROFILE_WORKSPACE_BYTES`, measured.
 
 Checked against the "torch peak memory increase" that vLLM 0.19 logs on the calibration table's
@@ -101,6 +118,13 @@ OLDER_OR_WORKSTATION_NAMES: Final = (
 in vLLM's tables for Hopper and data-centre Blackwell (see :func:`hopper_or_blackwell`)."""
 LOGIT_ELEMENT_BYTES: Final = 4
 """The sampler works in float32."""
+SAMPLER_SORT_BYTES: Final = 32
+"""Bytes per logit that sorting the float32 logits holds beside them and the model's 16-bit logits
+(``logits.sort`` in ``apply_top_k_top_p``, vLLM 0.10-0.16): the sorted values (4) and their int64 indices
+(8), and, as torch's segmented radix sort works on rows this long, the int64 positions it sorts as values
+(8) and its alternate key and value buffers (4 + 8). The sum, 38 bytes a logit with the other two, is what
+the logs show: Qwen3-14B's 5.64 GiB torch peak on vLLM 0.15/0.16 is 37.7 bytes per logit beside the
+profile workspace."""
 SAMPLER_FLOAT32_COPIES: Final = 3
 """float32 tensors of ``R x vocab`` the sampler holds at once beside the model's logits: the float32 logits,
 the probabilities and the exponential noise (``Sampler.forward``, ``TopKTopPSampler``, vLLM 0.10-0.32)."""
@@ -275,11 +299,26 @@ def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> 
     forward = tokens * (2 * arch.hidden_size + 3 * _dense_mlp_width(arch) // tp) * element
     rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
     copies = SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES
+    if request.release.sampler_sorts_vocabulary(rows=rows, flashinfer_sampler=request.flashinfer_sampler):
+        copies = LOGIT_ELEMENT_BYTES + SAMPLER_SORT_BYTES  # the sort is the pass's peak
     sampler = rows * arch.vocab_size * (element + copies) if samples else 0
     rejection = request.release.rejection_pass_float32_copies() if request.speculative else 0
     if samples and rejection:  # 2R rows of logits, a copy of the R bonus rows, the float32 tensors
         sampler = max(sampler, rows * arch.vocab_size * (3 * element + rejection * LOGIT_ELEMENT_BYTES))
-    return max(forward, sampler) + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
+    held = encoder_outputs_bytes(request, tokens, element)
+    return max(forward, sampler) + held + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
+
+
+def encoder_outputs_bytes(request: PlanRequest, tokens: int, element: int) -> int:
+    """What a multimodal profile keeps of its encoder's dummy batch through the language model's passes.
+
+    ``profile_run`` caches the encoder's outputs (``encoder_cache``) until both passes are done: at most the
+    encoder budget's tokens, ``max_num_batched_tokens`` when an item fits in it, of the language model's
+    width. ``None`` vision parameters (a tower not modelled) count as a tower.
+    """
+    if request.architecture.vision_parameters == 0:
+        return 0
+    return tokens * request.architecture.hidden_size * element
 
 
 def hopper_or_blackwell(gpu_name: str) -> bool | None:

@@ -59,6 +59,15 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   change. How much is pinned depends on the order of allocations, so the planner does not subtract it;
   a plan for these releases says how much smaller the pool can come out
   (:data:`PINNED_SEGMENTS_OBSERVED_BYTES`).
+* **The sampler pass sorts the vocabulary in 0.11.1-0.16.x** (and in earlier V1 releases without FlashInfer).
+  The dummy pass sets top-k and top-p (``_dummy_sampler_run``), so ``TopKTopPSampler`` filters every row: with
+  PyTorch's implementation, ``apply_top_k_top_p`` sorts the float32 logits with their int64 indices
+  (``vllm/v1/sample/ops/topk_topp_sampler.py``, read in 0.10.1.1, 0.11.0-0.11.2, 0.15.0 and 0.16.0); from
+  0.17.0 rows go to a Triton kernel that filters in place (``apply_top_k_top_p_triton``, batches of 8 rows or
+  more). FlashInfer's sampler, which does not sort, is the default when installed up to 0.11.0
+  (``VLLM_USE_FLASHINFER_SAMPLER`` unset means on: vLLM's image has FlashInfer, the pip wheel only with its
+  ``flashinfer`` extra) and opt-in from 0.11.1 (``VLLM_USE_FLASHINFER_SAMPLER=1``):
+  :meth:`VllmRelease.sampler_sorts_vocabulary`; the bytes are in :mod:`sidecar.budget.profile`.
 * **With speculative decoding the profile also runs the rejection sampler** (any method, ngram included:
   ``_dummy_sampler_run`` in ``gpu_model_runner.py``), and from 0.12.0 that pass holds more than the plain
   sampler pass: :meth:`VllmRelease.rejection_pass_float32_copies` (the sources are in
@@ -99,6 +108,9 @@ PINNED_SEGMENTS_OBSERVED_BYTES: Final = (-250 * MIB, 1650 * MIB)
 MIG slice +1.50 and +1.61 GiB (the log prints weights, CUDA-graph estimate and available KV, so the rest
 is profile: 2.43-2.55 GiB against 0.94 planned). Before 0.27 the same model lands within 1% (gpt-oss-20b
 at TP 2 on H100s, vLLM 0.19: -0.3%)."""
+
+TRITON_TOP_K_TOP_P_MIN_ROWS: Final = 8
+"""From 0.17.0 ``apply_top_k_top_p`` uses the Triton kernel for at least this many rows, else the sort."""
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -178,6 +190,22 @@ class VllmRelease:
     def counts_pinned_profile_segments(self) -> bool:
         """Whether freed but pinned allocator segments count as used when sizing the pool (0.27.0-0.30.x)."""
         return self.at_least(27) and not self.at_least(31)
+
+    def sampler_sorts_vocabulary(self, *, rows: int, flashinfer_sampler: bool | None) -> bool:
+        """Whether the profile's sampler pass sorts ``rows`` rows of logits (V1 engines, 0.8.0 on).
+
+        ``flashinfer_sampler`` is vLLM's ``VLLM_USE_FLASHINFER_SAMPLER`` (``None``: unset): FlashInfer's
+        sampler does not sort; it is on when unset up to 0.11.0 (if installed, as in vLLM's image) and
+        opt-in from 0.11.1. Otherwise PyTorch's top-k/top-p sorts every row, until 0.17.0 sends batches of
+        8 rows or more to a Triton kernel that filters in place.
+        """
+        if not self.at_least(8):
+            return False  # the V0 engine's sampler is planned as before (no V0 log on the table prints it)
+        if self.at_least(17):
+            return rows < TRITON_TOP_K_TOP_P_MIN_ROWS and not flashinfer_sampler
+        if flashinfer_sampler is None:
+            return self.at_least(11, 1)
+        return not flashinfer_sampler
 
     def rejection_pass_float32_copies(self) -> int:
         """Float32 ``R x vocab`` tensors the profile's rejection-sampler pass holds at its peak.

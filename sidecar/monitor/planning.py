@@ -53,6 +53,7 @@ class PlanInputs:
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
+    flashinfer_sampler: bool | None = None  # VLLM_USE_FLASHINFER_SAMPLER, as vLLM reads it (None: unset)
     vllm_version: str | None = None  # None: the newest modelled release
     enforce_eager: bool = False
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
@@ -135,6 +136,7 @@ def resolve_plan_request(
         num_gpu_blocks_override=inputs.num_gpu_blocks_override
         or (engine.num_gpu_blocks_override if engine else None),
         allow_long_max_model_len=inputs.allow_long_max_model_len,
+        flashinfer_sampler=inputs.flashinfer_sampler,
         enforce_eager=inputs.enforce_eager,
         async_scheduling=inputs.async_scheduling,
         enable_prefix_caching=inputs.enable_prefix_caching

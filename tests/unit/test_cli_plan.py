@@ -294,3 +294,23 @@ def test_run_defaults_are_the_settings_types_defaults() -> None:
         "stream_interval": OutputSettings().stream_interval,
     }
     assert {name: getattr(args, name) for name in pairs} == pairs
+
+
+def test_vllms_flashinfer_sampler_variable_is_read_as_vllm_reads_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # VLLM_USE_FLASHINFER_SAMPLER (vLLM's envs.py: bool(int(value))): FlashInfer's sampler does not sort the
+    # vocabulary in the profile's sampler pass, PyTorch's does up to 0.16 (sidecar/budget/vllm_release.py)
+    flags = ["plan", "--model", "qwen2.5-7b", "--gpu", "h100", "--vllm-version", "0.16.0"]
+    activation = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", value)
+        activation[value] = run_json(capsys, *flags)["activation_bytes"]
+    assert activation["0"] == activation["1"] + 1024 * 152064 * 24  # 38 bytes a logit instead of 14
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER")
+    assert run_json(capsys, *flags)["activation_bytes"] == activation["0"]  # unset: opt-in from 0.11.1
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "yes")
+    assert main(flags) == 2
+    err = capsys.readouterr().err
+    assert "VLLM_USE_FLASHINFER_SAMPLER='yes'" in err
+    assert len(err.strip().splitlines()) == 1

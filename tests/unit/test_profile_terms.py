@@ -7,6 +7,7 @@ the calibration table (``test_calibration.py``) checks the same terms against re
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,51 @@ def test_releases_that_count_pinned_profile_segments_say_so_in_the_plan(version:
     arch = _config("meta-llama--Llama-3.1-8B-Instruct.json").architecture
     notes = build_ledger(PlanRequest(arch, 24 * GIB, vllm_version=version)).notes
     assert any("freed during its start-up profile" in note and "1.6 GiB" in note for note in notes) is counts
+
+
+@pytest.mark.parametrize(
+    ("version", "flashinfer", "rows", "sorts"),
+    [
+        ("0.7.3", None, 256, False),  # the V0 engine's sampler: planned as before
+        ("0.10.1.1", None, 256, False),  # unset means FlashInfer's sampler, where installed (vLLM's image)
+        ("0.10.1.1", False, 256, True),  # without it PyTorch's top-k/top-p sorts every row
+        ("0.11.0", None, 256, False),
+        ("0.11.1", None, 256, True),  # FlashInfer's sampler opt-in from 0.11.1
+        ("0.16.0", None, 1024, True),
+        ("0.16.0", True, 1024, False),  # VLLM_USE_FLASHINFER_SAMPLER=1
+        ("0.17.0", None, 1024, False),  # the Triton kernel filters in place
+        ("0.17.0", None, 7, True),  # ... from 8 rows; fewer still sort
+        ("0.17.0", None, 8, False),
+        ("0.32.0", True, 4, False),
+    ],
+)
+def test_which_releases_sampler_pass_sorts_the_vocabulary(
+    version: str, flashinfer: bool | None, rows: int, sorts: bool
+) -> None:
+    # topk_topp_sampler.py read in 0.10.1.1, 0.10.2, 0.11.0, 0.11.1, 0.11.2, 0.15.0, 0.16.0, 0.17.0
+    release = VllmRelease.parse(version)
+    assert release.sampler_sorts_vocabulary(rows=rows, flashinfer_sampler=flashinfer) is sorts
+
+
+@pytest.mark.parametrize(
+    ("version", "flashinfer", "bytes_per_logit"),
+    [("0.16.0", None, 2 + 4 + 32), ("0.16.0", True, 2 + 3 * 4), ("0.17.0", None, 2 + 3 * 4)],
+)
+def test_a_sorting_sampler_pass_holds_38_bytes_a_logit(
+    version: str, flashinfer: bool | None, bytes_per_logit: int
+) -> None:
+    # llm-d-planner's version sweep, Qwen3-14B on an H100: torch peak 5.64 GiB on 0.15/0.16, 2.23 on 0.17/0.18
+    arch = _config("Qwen--Qwen3-14B.json").architecture
+    request = PlanRequest(arch, 80 * GIB, vllm_version=version, flashinfer_sampler=flashinfer)
+    assert request.effective_batch == (8192, 1024)
+    assert estimate_activation_bytes(request) == 1024 * 151936 * bytes_per_logit + WORKSPACE
+
+
+def test_a_multimodal_profile_keeps_its_encoder_outputs_through_both_passes() -> None:
+    # profile_run caches the encoder's dummy outputs until the sampler pass is done: T x hidden x 2 bytes more
+    arch = _config("mistralai--Mistral-Small-3.1-24B-Instruct-2503.json").architecture
+    assert arch.vision_parameters
+    with_tower = estimate_activation_bytes(PlanRequest(arch, 80 * GIB, vllm_version="0.19.0"))
+    text_only = replace(arch, vision_parameters=0)
+    without = estimate_activation_bytes(PlanRequest(text_only, 80 * GIB, vllm_version="0.19.0"))
+    assert with_tower - without == 8192 * 5120 * 2
