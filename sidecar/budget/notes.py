@@ -64,6 +64,7 @@ def plan_notes(
     notes.extend(_stage_notes(request, stages))
     notes.extend(_lora_notes(request))
     notes.extend(_speculative_notes(request))
+    notes.extend(_sorting_sampler_note(request))
     if request.cpu_offload_bytes:
         notes.append(
             f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
@@ -129,6 +130,21 @@ def _rejection_pass_note(request: PlanRequest) -> list[str]:
         f"speculative decoding: vLLM's start-up profile also runs its rejection sampler over the dummy "
         f"requests' logits, {extra / GIB:.2f} GiB more activation peak (in the plan; fewer --max-num-seqs "
         "lowers it)"
+    ]
+
+
+def _sorting_sampler_note(request: PlanRequest) -> list[str]:
+    """What sorting the vocabulary in the profile's sampler pass (vLLM 0.11.1-0.16) adds, when it sets it."""
+    extra = estimate_activation_bytes(request) - estimate_activation_bytes(
+        replace(request, flashinfer_sampler=True)
+    )
+    if extra <= 0:
+        return []
+    return [
+        f"vLLM {request.release}'s start-up profile sorts the vocabulary in its sampler pass (PyTorch's "
+        f"top-k/top-p): {extra / GIB:.2f} GiB more activation peak (in the plan), taken from the KV pool; "
+        "vLLM 0.17+, VLLM_USE_FLASHINFER_SAMPLER=1 (for vLLM and the sidecar, where FlashInfer supports the "
+        "GPU) or fewer --max-num-seqs lower it"
     ]
 
 

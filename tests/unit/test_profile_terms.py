@@ -214,3 +214,20 @@ def test_a_multimodal_profile_keeps_its_encoder_outputs_through_both_passes() ->
     text_only = replace(arch, vision_parameters=0)
     without = estimate_activation_bytes(PlanRequest(text_only, 80 * GIB, vllm_version="0.19.0"))
     assert with_tower - without == 8192 * 5120 * 2
+
+
+@pytest.mark.parametrize(
+    ("version", "flashinfer", "noted"),
+    [("0.16.0", None, True), ("0.16.0", True, False), ("0.17.0", None, False), ("0.10.1.1", None, False)],
+)
+def test_a_plan_says_when_the_sampler_pass_sorts_and_what_it_costs(
+    version: str, flashinfer: bool | None, noted: bool
+) -> None:
+    arch = _config("Qwen--Qwen3-14B.json").architecture
+    notes = build_ledger(
+        PlanRequest(arch, 80 * GIB, vllm_version=version, flashinfer_sampler=flashinfer)
+    ).notes
+    sorting = [note for note in notes if "sorts the vocabulary" in note]
+    assert bool(sorting) is noted
+    if noted:  # 1024 rows x 151,936 logits x 24 bytes more than the pass that does not sort
+        assert f"{1024 * 151936 * 24 / GIB:.2f} GiB more" in sorting[0]
