@@ -28,7 +28,7 @@ from sidecar.budget import (
     resolve_model,
 )
 from sidecar.budget.catalog import ResolvedModel, resolve_drafter, resolve_model_source
-from sidecar.deployment_flags import add_deployment_flags, lora_slots_from_args
+from sidecar.deployment_flags import add_deployment_flags, lora_slots_from_args, vllm_variables
 from sidecar.errors import ConfigError, KvSidecarError, UsageError
 from sidecar.flags import (
     Parser,
@@ -121,24 +121,10 @@ def _gpu_from_args(args: argparse.Namespace) -> tuple[str, int | None]:
     return "custom", None
 
 
-def _flashinfer_sampler(raw: str | None) -> bool | None:
-    """``VLLM_USE_FLASHINFER_SAMPLER`` read as vLLM's ``envs.py`` reads it; ``None`` when unset."""
-    if raw is None:
-        return None
-    try:
-        return bool(int(raw))
-    except ValueError:
-        raise UsageError(
-            f"VLLM_USE_FLASHINFER_SAMPLER={raw!r} is not a number, and vLLM would refuse it too; use 0 or 1"
-        ) from None
-
-
 def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The deployment flags shared by :class:`PlanRequest` and :class:`PlanInputs`, by field name."""
-    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in {"1", "true"}
     return {
-        "allow_long_max_model_len": allow_long,  # read as vLLM's envs.py reads it
-        "flashinfer_sampler": _flashinfer_sampler(os.environ.get("VLLM_USE_FLASHINFER_SAMPLER")),
+        **vllm_variables(os.environ),  # vLLM's own, read as vLLM reads them
         "vllm_version": args.vllm_version,
         "enforce_eager": args.enforce_eager,
         "async_scheduling": args.async_scheduling,

@@ -8,6 +8,8 @@ from both and turns parsed flags into :class:`~sidecar.budget.ledger.PlanRequest
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any, Final
 
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
@@ -18,6 +20,26 @@ from sidecar.errors import UsageError
 from sidecar.flags import choice
 from sidecar.settings import default_of
 from sidecar.units import GIB, parse_memory, parse_positive_int, parse_ratio
+
+VLLM_VARIABLES: Final = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_USE_FLASHINFER_SAMPLER")
+"""vLLM's own environment variables the plan reads, as vLLM reads them. The pod runs both containers, so the
+chart passes the sidecar whichever of these vLLM's ``env`` sets (``templates/deployment.yaml``)."""
+
+
+def vllm_variables(environ: Mapping[str, str]) -> dict[str, Any]:
+    """:data:`VLLM_VARIABLES` as ``PlanRequest`` fields, read as vLLM's ``envs.py`` reads them."""
+    long_name, sampler_name = VLLM_VARIABLES
+    sampler = environ.get(sampler_name)
+    try:
+        flashinfer_sampler = None if sampler is None else bool(int(sampler))  # envs.py: bool(int(value))
+    except ValueError:
+        raise UsageError(
+            f"{sampler_name}={sampler!r} is not a number, and vLLM would refuse it too; use 0 or 1"
+        ) from None
+    return {
+        "allow_long_max_model_len": environ.get(long_name, "0").strip().lower() in {"1", "true"},
+        "flashinfer_sampler": flashinfer_sampler,
+    }
 
 
 def vllm_version(text: str) -> str:

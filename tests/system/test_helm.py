@@ -19,7 +19,7 @@ from sidecar.admission.pressure import StaleMode
 from sidecar.budget.lora import LORA_RANKS, LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.cli import build_parser, plan_inputs_from_args
-from sidecar.deployment_flags import lora_slots_from_args
+from sidecar.deployment_flags import VLLM_VARIABLES, lora_slots_from_args
 from sidecar.server import gateway
 from sidecar.units import GIB
 
@@ -59,6 +59,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                         "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
+    "vllm-env": {"vllm": {"env": [
+        {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "1"},
+        {"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+         "valueFrom": {"configMapKeyRef": {"name": "vllm-settings", "key": "allow-long"}}},
+        {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+    ]}},
 }  # fmt: skip
 
 
@@ -398,3 +404,15 @@ def test_drafter_lora_and_offload_settings_reach_both_containers_and_the_sidecar
     assert inputs.cpu_offload_bytes == 5 * GIB // 2
     assert inputs.speculative == SpeculativeSettings("ngram", 3)
     assert json.loads(str(vllm["--speculative-config"]))["prompt_lookup_max"] == 4  # vLLM gets it whole
+
+
+def test_vllms_own_variables_that_the_plan_reads_reach_the_sidecar_and_no_others() -> None:
+    # the sidecar plans with VLLM_ALLOW_LONG_MAX_MODEL_LEN and VLLM_USE_FLASHINFER_SAMPLER as vLLM reads them
+    # (sidecar/deployment_flags.py); set once in vllm.env, they must reach both containers
+    pods = containers(render(VALUE_SETS["vllm-env"]))
+    vllm_env = {e["name"]: e for e in pods["vllm"]["env"]}
+    sidecar_env = {e["name"]: e for e in pods["kv-sidecar"]["env"]}
+    for name in VLLM_VARIABLES:
+        assert sidecar_env[name] == vllm_env[name]
+    assert "VLLM_LOGGING_LEVEL" in vllm_env
+    assert "VLLM_LOGGING_LEVEL" not in sidecar_env
