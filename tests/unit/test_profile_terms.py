@@ -187,7 +187,7 @@ def test_releases_that_count_pinned_profile_segments_say_so_in_the_plan(version:
 def test_which_releases_sampler_pass_sorts_the_vocabulary(
     version: str, flashinfer: bool | None, rows: int, sorts: bool
 ) -> None:
-    # topk_topp_sampler.py read in 0.10.1.1, 0.10.2, 0.11.0, 0.11.1, 0.11.2, 0.15.0, 0.16.0, 0.17.0
+    # topk_topp_sampler.py and _dummy_sampler_run read in 0.8.0, 0.9.0, 0.10.1.1, 0.10.2, 0.11.0-0.11.2, 0.15.0-0.17.0
     release = VllmRelease.parse(version)
     assert release.sampler_sorts_vocabulary(rows=rows, flashinfer_sampler=flashinfer) is sorts
 
