@@ -40,7 +40,18 @@ the family, term by term, and the corpus test checks each against the model tran
   two linears to the text width (biases when ``multimodal_projector_bias``); under ``llava`` (Pixtral-12B)
   the two linears of ``LlavaMultiModalProjector``, with biases by default.
 
-Other multimodal families (mllama, ...) return ``None``: their towers are counted exactly only from
+* ``mllama`` (``MllamaVisionModel``, transformers 5.19 ``models/mllama/modeling_mllama.py``; vLLM served
+  it natively until 0.10.2, its 0.32.0 registry says (``_PREVIOUSLY_SUPPORTED_MODELS``), and from then on
+  resolves it to its Transformers backend, which builds transformers' modules, as transformers 5.19 reports
+  the class backend-compatible: read in source, not run): a Conv2d patch embedding
+  without bias, the class embedding, the gated position embedding (``(image_size // patch_size)^2 + 1``
+  positions) and its per-aspect-ratio tile table (``supported_aspect_ratios + 1`` rows of ``max_num_tiles x
+  positions x hidden``), two gated per-tile embeddings, pre- and post-LayerNorm, ``num_hidden_layers`` local
+  and ``num_global_layers`` gated global layers (q/k/v/o without bias, fc1/fc2 with biases, two LayerNorms),
+  and the projector ``vision_output_dim -> text hidden`` with a bias. Llama-3.2-90B-Vision: 926,490,131, as
+  transformers builds it.
+
+Other multimodal families return ``None``: their towers are counted exactly only from
 the weights' safetensors headers (a cached checkpoint or the Hub's metadata), and ``plan`` names what a count
 from ``config.json`` leaves out.
 """
@@ -49,6 +60,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+MLLAMA_ASPECT_RATIOS = 8
+"""``MllamaVisionConfig``'s default ``supported_aspect_ratios``: the eight tile layouts up to four tiles."""
 
 
 def _int(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
@@ -154,6 +168,22 @@ def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
     return embeddings + layers * layer + 2 * width + head + width * text_hidden + width
 
 
+def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
+    hidden, width = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
+    patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=448)
+    tiles, channels = _int(vision, "max_num_tiles", default=4), _int(vision, "num_channels", default=3)
+    ratios = vision.get("supported_aspect_ratios")
+    aspect_rows = (len(ratios) if isinstance(ratios, list) else MLLAMA_ASPECT_RATIOS) + 1
+    positions = (image // patch) ** 2 + 1
+    embeddings = channels * patch * patch * hidden + hidden + 1 + positions * hidden
+    embeddings += aspect_rows * tiles * positions * hidden + 2 * (aspect_rows * tiles * hidden + 1)
+    layer = 4 * hidden * hidden + 2 * hidden * width + width + hidden + 4 * hidden
+    local = _int(vision, "num_hidden_layers", default=32) * layer
+    global_ = _int(vision, "num_global_layers", default=8) * (layer + 2)  # gated: two scalar gates each
+    projector = _int(vision, "vision_output_dim", default=7680) * text_hidden + text_hidden
+    return embeddings + 4 * hidden + local + global_ + projector
+
+
 def _gemma4(vision: Mapping[str, Any], text_hidden: int) -> int:
     """Gemma 4's vision tower and its embedder (defaults: ``Gemma4VisionConfig``'s)."""
     width = _int(vision, "hidden_size", default=768)
@@ -174,6 +204,7 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "llama4": _llama4,
     "gemma3": _siglip_gemma3,
     "gemma4": _gemma4,
+    "mllama": _mllama,
 }
 """The towers modelled, by the top config's ``model_type``."""
 
