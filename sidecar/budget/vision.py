@@ -8,6 +8,12 @@ the family, term by term, and the corpus test checks each against the model tran
 * ``qwen2_vl``: Conv3d patch embedding (no bias), ``depth`` blocks of LayerNorm x 2, fused QKV and
   output projection, an ``mlp_ratio`` x MLP (fc1, fc2), and the patch merger (LayerNorm, two linears);
 * ``qwen2_5_vl``: the same with RMSNorms and a gated MLP of ``intermediate_size``;
+* ``qwen3_vl`` and ``qwen3_5`` (``Qwen3VLVisionModel``, ``Qwen3_5VisionModel``, transformers 5.19): a Conv3d
+  patch embedding with a bias, ``num_position_embeddings`` learned positions, ``depth`` blocks of two
+  LayerNorms, fused QKV and output projection with biases and fc1/fc2 with biases, the patch merger
+  (LayerNorm of the vision width, ``hidden x merge^2`` square linear, linear to ``out_hidden_size``,
+  biases), and for Qwen3-VL one more merger per ``deepstack_visual_indexes`` entry (its LayerNorm over the
+  merged width; default three); Qwen3.5's tower has none. The MoE variants share the tower;
 * ``llava`` (CLIP tower): class and position embeddings, Conv2d patches, pre- and post-LayerNorm, each
   layer's q/k/v/out projections and fc1/fc2 with biases, then the two-layer projector to the text width;
 * ``llama4`` (``Llama4VisionModel`` and ``Llama4MultiModalProjector``, transformers 5.19
@@ -61,6 +67,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+QWEN3_VL_DEEPSTACK_MERGERS = 3
+"""``Qwen3VLVisionConfig``'s default ``deepstack_visual_indexes``: (8, 16, 24), one merger each."""
 MLLAMA_ASPECT_RATIOS = 8
 """``MllamaVisionConfig``'s default ``supported_aspect_ratios``: the eight tile layouts up to four tiles."""
 
@@ -168,6 +176,22 @@ def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
     return embeddings + layers * layer + 2 * width + head + width * text_hidden + width
 
 
+def _qwen3_vl(vision: Mapping[str, Any], deepstack_default: int) -> int:
+    hidden, width = _int(vision, "hidden_size", default=1152), _int(vision, "intermediate_size", default=4304)
+    patch, temporal = _int(vision, "patch_size", default=16), _int(vision, "temporal_patch_size", default=2)
+    merged = hidden * _int(vision, "spatial_merge_size", default=2) ** 2
+    out = _int(vision, "out_hidden_size", default=3584)
+    embed = _int(vision, "in_channels", default=3) * temporal * patch * patch * hidden + hidden
+    positions = _int(vision, "num_position_embeddings", default=2304) * hidden
+    block = 4 * hidden + 3 * hidden * hidden + 3 * hidden + hidden * hidden + hidden + 2 * hidden * width
+    block += width + hidden
+    merger = merged * merged + merged + merged * out + out  # two linears with biases, after the norm
+    indexes = vision.get("deepstack_visual_indexes")
+    deepstack = len(indexes) if isinstance(indexes, list) else deepstack_default
+    blocks = _int(vision, "depth", default=27) * block
+    return embed + positions + blocks + merger + 2 * hidden + deepstack * (merger + 2 * merged)
+
+
 def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
     hidden, width = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
     patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=448)
@@ -205,6 +229,10 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "gemma3": _siglip_gemma3,
     "gemma4": _gemma4,
     "mllama": _mllama,
+    "qwen3_vl": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
+    "qwen3_vl_moe": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
+    "qwen3_5": lambda vision, _: _qwen3_vl(vision, 0),
+    "qwen3_5_moe": lambda vision, _: _qwen3_vl(vision, 0),
 }
 """The towers modelled, by the top config's ``model_type``."""
 

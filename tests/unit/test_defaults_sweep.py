@@ -209,3 +209,11 @@ def test_pixtral_under_llava_is_counted() -> None:
     }
     config = {"model_type": "llava", "vision_config": vision | {"num_attention_heads": 16, "patch_size": 16}}
     assert vision_parameters(config, 4096) == 424_469_504
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
+def test_qwen3_vl_and_qwen3_5_towers_count_as_transformers_builds_them(model_type: str) -> None:
+    """Qwen3-VL's tower with its deepstack mergers, Qwen3.5's without (``sidecar/budget/vision.py``). Before
+    2026-12-06 both were left out of the count (0.57B and 0.45B), with a note."""
+    arch = architecture_from_config(SWEEP[model_type]["config"])
+    assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
