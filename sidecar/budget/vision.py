@@ -16,6 +16,10 @@ the family, term by term, and the corpus test checks each against the model tran
   merged width; default three); Qwen3.5's tower has none. The MoE variants share the tower;
 * ``llava`` (CLIP tower): class and position embeddings, Conv2d patches, pre- and post-LayerNorm, each
   layer's q/k/v/out projections and fc1/fc2 with biases, then the two-layer projector to the text width;
+  ``llava_next``, ``llava_next_video`` and ``llava_onevision`` add ``image_newline``, one text-width row
+  (``LlavaNextModel``, ``LlavaOnevisionModel``), OneVision over a SigLIP tower;
+* ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2``
+  is Gemma 3's tower and projector;
 * ``llama4`` (``Llama4VisionModel`` and ``Llama4MultiModalProjector``, transformers 5.19
   ``models/llama4/modeling_llama4.py``; vLLM 0.32.0 builds the same tensors in
   ``vllm/model_executor/models/mllama4.py``): the patch embedding, a linear of
@@ -67,6 +71,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+_LLAVA_TYPES = frozenset({"llava", "mistral3", "llava_next", "llava_next_video", "llava_onevision"})
+"""Families whose tower and projector follow LLaVA's (``LlavaNext*`` and ``LlavaOnevision*`` add one
+text-width ``image_newline``); the vision config's own type says which tower."""
 QWEN3_VL_DEEPSTACK_MERGERS = 3
 """``Qwen3VLVisionConfig``'s default ``deepstack_visual_indexes``: (8, 16, 24), one merger each."""
 MLLAMA_ASPECT_RATIOS = 8
@@ -110,6 +117,12 @@ def _clip_llava(vision: Mapping[str, Any], text_hidden: int) -> int:
     embeddings = width + 3 * patch * patch * width + positions * width
     layer = 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
     return embeddings + 4 * width + layers * layer + _two_linears(width, text_hidden, bias=True)
+
+
+def _paligemma(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """PaliGemma: a SigLIP tower and one linear with a bias to ``projection_dim`` (the text width)."""
+    projection = _int(vision, "projection_dim", default=2048)
+    return _siglip(vision) + _int(vision, "hidden_size", default=768) * projection + projection
 
 
 def _pixtral(vision: Mapping[str, Any]) -> int:
@@ -161,7 +174,13 @@ def _llama4(vision: Mapping[str, Any], text_hidden: int) -> int:
 
 
 def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
-    """Gemma 3's SigLIP tower and projector (defaults: ``SiglipVisionConfig``'s)."""
+    """Gemma 3's SigLIP tower and projector (an RMSNorm of the vision width, a linear without bias)."""
+    width = _int(vision, "hidden_size", default=768)
+    return _siglip(vision) + width * text_hidden + width
+
+
+def _siglip(vision: Mapping[str, Any]) -> int:
+    """A SigLIP tower (``SiglipVisionModel``; defaults: ``SiglipVisionConfig``'s), without a projector."""
     width = _int(vision, "hidden_size", default=768)
     inner = _int(vision, "intermediate_size", default=3072)
     patch, image = _int(vision, "patch_size", default=16), _int(vision, "image_size", default=224)
@@ -173,7 +192,7 @@ def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
     if vision.get("vision_use_head", True) is False:
         head = 0
     layers = _int(vision, "num_hidden_layers", default=12)
-    return embeddings + layers * layer + 2 * width + head + width * text_hidden + width
+    return embeddings + layers * layer + 2 * width + head
 
 
 def _qwen3_vl(vision: Mapping[str, Any], deepstack_default: int) -> int:
@@ -227,8 +246,10 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "qwen2_5_vl": lambda vision, text_hidden: _qwen_vl(vision, text_hidden, gated=True),
     "llama4": _llama4,
     "gemma3": _siglip_gemma3,
+    "shieldgemma2": _siglip_gemma3,  # ShieldGemma 2: Gemma 3's tower and projector
     "gemma4": _gemma4,
     "mllama": _mllama,
+    "paligemma": _paligemma,
     "qwen3_vl": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
     "qwen3_vl_moe": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
     "qwen3_5": lambda vision, _: _qwen3_vl(vision, 0),
@@ -245,16 +266,27 @@ def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None
     model_type = str(config.get("model_type") or "")
     if model_type == "gemma4" and isinstance(config.get("audio_config"), Mapping):
         return None  # E2B, E4B: an audio tower beside the vision one, not modelled
-    tower_type = str(vision.get("model_type", "clip_vision_model"))
-    if model_type == "llava" and tower_type == "clip_vision_model":
-        return _clip_llava(vision, text_hidden)
-    if model_type == "llava" and tower_type == "pixtral":  # Pixtral-12B
-        width, bias = (
-            _int(vision, "hidden_size", default=1024),
-            bool(config.get("multimodal_projector_bias", True)),
-        )
-        return _pixtral(vision) + _two_linears(width, text_hidden, bias=bias)
-    if model_type == "mistral3" and tower_type in ("pixtral", "clip_vision_model"):
-        return _pixtral_mistral3(config, vision, text_hidden)
+    if model_type in _LLAVA_TYPES:
+        return _llava_family(model_type, config, vision, text_hidden)
     tower = _TOWERS.get(model_type)
     return tower(vision, text_hidden) if tower else None
+
+
+def _llava_family(
+    model_type: str, config: Mapping[str, Any], vision: Mapping[str, Any], text: int
+) -> int | None:
+    """The LLaVA-style families: the vision config's type names the tower (``None``: one not modelled)."""
+    tower_type = str(vision.get("model_type", "clip_vision_model"))
+    mistral3_tower = tower_type in ("pixtral", "clip_vision_model")
+    if model_type == "mistral3":
+        return _pixtral_mistral3(config, vision, text) if mistral3_tower else None
+    bias = bool(config.get("multimodal_projector_bias", True))
+    newline = 0 if model_type == "llava" else text  # LlavaNext* and LlavaOnevision*: ``image_newline``
+    if tower_type == "clip_vision_model":
+        return _clip_llava(vision, text) + newline
+    if tower_type == "pixtral" and model_type == "llava":  # Pixtral-12B
+        return _pixtral(vision) + _two_linears(_int(vision, "hidden_size", default=1024), text, bias=bias)
+    if tower_type == "siglip_vision_model" and model_type != "llava":  # LLaVA-OneVision
+        width = _int(vision, "hidden_size", default=768)
+        return _siglip(vision) + _two_linears(width, text, bias=bias) + newline
+    return None

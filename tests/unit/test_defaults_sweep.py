@@ -211,9 +211,14 @@ def test_pixtral_under_llava_is_counted() -> None:
     assert vision_parameters(config, 4096) == 424_469_504
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
-def test_qwen3_vl_and_qwen3_5_towers_count_as_transformers_builds_them(model_type: str) -> None:
-    """Qwen3-VL's tower with its deepstack mergers, Qwen3.5's without (``sidecar/budget/vision.py``). Before
-    2026-12-06 both were left out of the count (0.57B and 0.45B), with a note."""
+@pytest.mark.parametrize(
+    "model_type",
+    ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "llava_next", "llava_next_video", "llava_onevision",
+     "paligemma", "shieldgemma2"],
+)  # fmt: skip
+def test_towers_counted_since_2026_12_06_count_as_transformers_builds_them(model_type: str) -> None:
+    """Qwen3-VL's tower with its deepstack mergers, Qwen3.5's without, LLaVA-NeXT's and OneVision's (LLaVA's and
+    ``image_newline``), PaliGemma's and ShieldGemma 2's (``sidecar/budget/vision.py``): before, each was left
+    out of the count (0.09B to 0.57B), with a note."""
     arch = architecture_from_config(SWEEP[model_type]["config"])
     assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
