@@ -50,6 +50,11 @@ the family, term by term, and the corpus test checks each against the model tran
   two linears to the text width (biases when ``multimodal_projector_bias``); under ``llava`` (Pixtral-12B)
   the two linears of ``LlavaMultiModalProjector``, with biases by default.
 
+* ``glm4v`` and ``glm4v_moe`` (``Glm4vVisionModel``, transformers 5.19): learned positions of the
+  ``image_size`` grid, a Conv3d patch embedding with a bias, ``depth`` blocks of two RMSNorms, fused QKV
+  (a bias with ``attention_bias``), an output projection and a gated MLP of ``out_hidden_size`` without
+  biases; the merger (a square projection of ``out_hidden_size``, a LayerNorm and a gated MLP of
+  ``intermediate_size``), two RMSNorms and the Conv2d downsample (``spatial_merge_size`` kernel, a bias);
 * ``mllama`` (``MllamaVisionModel``, transformers 5.19 ``models/mllama/modeling_mllama.py``; vLLM served
   it natively until 0.10.2, its 0.32.0 registry says (``_PREVIOUSLY_SUPPORTED_MODELS``), and from then on
   resolves it to its Transformers backend, which builds transformers' modules, as transformers 5.19 reports
@@ -211,6 +216,20 @@ def _qwen3_vl(vision: Mapping[str, Any], deepstack_default: int) -> int:
     return embed + positions + blocks + merger + 2 * hidden + deepstack * (merger + 2 * merged)
 
 
+def _glm4v(vision: Mapping[str, Any], _text_hidden: int) -> int:
+    hidden = _int(vision, "hidden_size", default=1536)
+    width = _int(vision, "intermediate_size", default=13696)
+    out, merge = _int(vision, "out_hidden_size", default=4096), _int(vision, "spatial_merge_size", default=2)
+    patch, temporal = _int(vision, "patch_size", default=14), _int(vision, "temporal_patch_size", default=2)
+    positions = (_int(vision, "image_size", default=336) // patch) ** 2 * hidden
+    embed = _int(vision, "in_channels", default=3) * temporal * patch * patch * hidden + hidden
+    qkv_bias = 3 * hidden if vision.get("attention_bias") else 0
+    block = 2 * hidden + 3 * hidden * hidden + qkv_bias + hidden * hidden + 3 * hidden * out  # MLP of out
+    merger = out * out + 2 * out + 3 * out * width
+    downsample = hidden * out * merge * merge + out
+    return positions + embed + _int(vision, "depth", default=24) * block + merger + 2 * hidden + downsample
+
+
 def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
     hidden, width = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
     patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=448)
@@ -249,6 +268,8 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "shieldgemma2": _siglip_gemma3,  # ShieldGemma 2: Gemma 3's tower and projector
     "gemma4": _gemma4,
     "mllama": _mllama,
+    "glm4v": _glm4v,
+    "glm4v_moe": _glm4v,
     "paligemma": _paligemma,
     "qwen3_vl": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
     "qwen3_vl_moe": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
