@@ -55,6 +55,11 @@ the family, term by term, and the corpus test checks each against the model tran
   (a bias with ``attention_bias``), an output projection and a gated MLP of ``out_hidden_size`` without
   biases; the merger (a square projection of ``out_hidden_size``, a LayerNorm and a gated MLP of
   ``intermediate_size``), two RMSNorms and the Conv2d downsample (``spatial_merge_size`` kernel, a bias);
+* ``internvl`` (``InternVLVisionModel`` and ``InternVLMultiModalProjector``, transformers 5.19): a class
+  token, Conv2d patches with a bias and absolute positions, layers of q/k/v (biases with ``attention_bias``),
+  an output projection with a bias, optional q/k RMSNorms, fc1/fc2 with biases, two norms (``norm_type``)
+  and two layer scales; a final LayerNorm unless mean pooling; the projector's LayerNorm over the pixel-
+  shuffled width (``downsample_ratio``) and two linears with biases to the text width;
 * ``mllama`` (``MllamaVisionModel``, transformers 5.19 ``models/mllama/modeling_mllama.py``; vLLM served
   it natively until 0.10.2, its 0.32.0 registry says (``_PREVIOUSLY_SUPPORTED_MODELS``), and from then on
   resolves it to its Transformers backend, which builds transformers' modules, as transformers 5.19 reports
@@ -230,6 +235,34 @@ def _glm4v(vision: Mapping[str, Any], _text_hidden: int) -> int:
     return positions + embed + _int(vision, "depth", default=24) * block + merger + 2 * hidden + downsample
 
 
+def _side(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    """A size given as one number or as ``[height, width]`` (square in every published config)."""
+    value = cfg.get(key)
+    if isinstance(value, list) and value and isinstance(value[0], int):
+        return int(value[0])
+    return _int(cfg, key, default=default)
+
+
+def _internvl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    hidden, width = _int(vision, "hidden_size", default=1024), _int(vision, "intermediate_size", default=4096)
+    patch, image = _side(vision, "patch_size", 14), _side(vision, "image_size", 448)
+    norm = 2 * hidden if vision.get("norm_type", "layer_norm") == "layer_norm" else hidden
+    embed = hidden + _int(vision, "num_channels", default=3) * patch * patch * hidden + hidden  # cls, patches
+    if vision.get("use_mask_token"):
+        embed += hidden
+    if vision.get("use_absolute_position_embeddings", True):
+        embed += ((image // patch) ** 2 + 1) * hidden
+    qkv_bias = 3 * hidden if vision.get("attention_bias") else 0
+    layer = 3 * hidden * hidden + qkv_bias + hidden * hidden + hidden
+    layer += (2 * hidden if vision.get("use_qk_norm") else 0) + 2 * hidden * width + width + hidden
+    layer += 2 * norm + 2 * hidden  # the norms before and after, the two layer scales
+    final = 0 if vision.get("use_mean_pooling", True) else 2 * hidden
+    ratio = config.get("downsample_ratio", 0.5)
+    merged = hidden * round(1 / ratio) ** 2 if isinstance(ratio, int | float) and ratio > 0 else 4 * hidden
+    projector = 2 * merged + merged * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
+    return embed + _int(vision, "num_hidden_layers", default=24) * layer + final + projector
+
+
 def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
     hidden, width = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
     patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=448)
@@ -289,6 +322,8 @@ def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None
         return None  # E2B, E4B: an audio tower beside the vision one, not modelled
     if model_type in _LLAVA_TYPES:
         return _llava_family(model_type, config, vision, text_hidden)
+    if model_type == "internvl":  # its projector reads the top level's downsample_ratio
+        return _internvl(config, vision, text_hidden)
     tower = _TOWERS.get(model_type)
     return tower(vision, text_hidden) if tower else None
 
