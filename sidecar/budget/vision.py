@@ -60,6 +60,11 @@ the family, term by term, and the corpus test checks each against the model tran
   an output projection with a bias, optional q/k RMSNorms, fc1/fc2 with biases, two norms (``norm_type``)
   and two layer scales; a final LayerNorm unless mean pooling; the projector's LayerNorm over the pixel-
   shuffled width (``downsample_ratio``) and two linears with biases to the text width;
+* ``cohere2_vision`` (``Cohere2VisionModel``, transformers 5.19): a SigLIP tower with its attention-pooling
+  head unless ``vision_use_head`` is false, and the projector over pixel-shuffled features: a linear with a
+  bias to ``alignment_intermediate_size`` and, after its SwiGLU halves it, one to the text width;
+* ``lfm2_vl`` (``Lfm2VlModel``, transformers 5.19): a SigLIP 2 tower and, over pixel-shuffled features,
+  an optional LayerNorm and two linears (``projector_hidden_size``, then the text width; ``projector_bias``);
 * ``mllama`` (``MllamaVisionModel``, transformers 5.19 ``models/mllama/modeling_mllama.py``; vLLM served
   it natively until 0.10.2, its 0.32.0 registry says (``_PREVIOUSLY_SUPPORTED_MODELS``), and from then on
   resolves it to its Transformers backend, which builds transformers' modules, as transformers 5.19 reports
@@ -190,12 +195,17 @@ def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
 
 
 def _siglip(vision: Mapping[str, Any]) -> int:
-    """A SigLIP tower (``SiglipVisionModel``; defaults: ``SiglipVisionConfig``'s), without a projector."""
+    """A SigLIP tower (``SiglipVisionModel``; defaults: ``SiglipVisionConfig``'s), without a projector.
+
+    SigLIP 2 (``Siglip2VisionModel``) differs in what counts the same: a linear patch embedding with a bias
+    where SigLIP has a Conv2d with one, and ``num_patches`` positions where SigLIP has the image's grid.
+    """
     width = _int(vision, "hidden_size", default=768)
     inner = _int(vision, "intermediate_size", default=3072)
     patch, image = _int(vision, "patch_size", default=16), _int(vision, "image_size", default=224)
     embeddings = _int(vision, "num_channels", default=3) * patch * patch * width + width
-    embeddings += (image // patch) ** 2 * width
+    positions = _int(vision, "num_patches") if vision.get("model_type") == "siglip2_vision_model" else 0
+    embeddings += (positions or (image // patch) ** 2) * width
     mlp = 2 * width * inner + inner + width
     layer = 4 * (width * width + width) + 2 * 2 * width + mlp
     head = width + 3 * (width * width + width) + width * width + width + 2 * width + mlp  # probe, attention
@@ -263,6 +273,25 @@ def _internvl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden:
     return embed + _int(vision, "num_hidden_layers", default=24) * layer + final + projector
 
 
+def _cohere2_vision(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Command A Vision: a SigLIP tower (its head too, by default) and the pixel-shuffle projector."""
+    factor = _int(config, "downsample_factor", default=2)
+    inner = _int(config, "alignment_intermediate_size", default=36864)
+    shuffled = _int(vision, "hidden_size", default=768) * factor * factor
+    halved = inner // 2  # the SwiGLU between the two linears halves the width
+    return _siglip(vision) + shuffled * inner + inner + halved * text_hidden + text_hidden
+
+
+def _lfm2_vl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """LFM2-VL: a SigLIP 2 tower (its head too, by default) and the pixel-shuffle projector."""
+    factor = _int(config, "downsample_factor", default=2)
+    shuffled = _int(vision, "hidden_size", default=768) * factor * factor
+    inner = _int(config, "projector_hidden_size", default=2560)
+    bias = 1 if config.get("projector_bias", True) else 0
+    norm = 2 * shuffled if config.get("projector_use_layernorm", True) else 0
+    return _siglip(vision) + norm + shuffled * inner + bias * inner + inner * text_hidden + bias * text_hidden
+
+
 def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
     hidden, width = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
     patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=448)
@@ -310,6 +339,12 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "qwen3_5_moe": lambda vision, _: _qwen3_vl(vision, 0),
 }
 """The towers modelled, by the top config's ``model_type``."""
+_TOWERS_READING_THE_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int], int]] = {
+    "internvl": _internvl,  # downsample_ratio
+    "cohere2_vision": _cohere2_vision,  # downsample_factor, alignment_intermediate_size
+    "lfm2_vl": _lfm2_vl,  # downsample_factor, projector_hidden_size, its bias and LayerNorm
+}
+"""The towers whose projector reads top-level fields, by the top config's ``model_type``."""
 
 
 def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None:
@@ -322,8 +357,9 @@ def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None
         return None  # E2B, E4B: an audio tower beside the vision one, not modelled
     if model_type in _LLAVA_TYPES:
         return _llava_family(model_type, config, vision, text_hidden)
-    if model_type == "internvl":  # its projector reads the top level's downsample_ratio
-        return _internvl(config, vision, text_hidden)
+    with_top = _TOWERS_READING_THE_TOP_LEVEL.get(model_type)  # projectors sized by top-level fields
+    if with_top:
+        return with_top(config, vision, text_hidden)
     tower = _TOWERS.get(model_type)
     return tower(vision, text_hidden) if tower else None
 

@@ -214,11 +214,12 @@ def test_pixtral_under_llava_is_counted() -> None:
 @pytest.mark.parametrize(
     "model_type",
     ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "llava_next", "llava_next_video", "llava_onevision",
-     "paligemma", "shieldgemma2", "glm4v", "glm4v_moe", "internvl"],
+     "paligemma", "shieldgemma2", "glm4v", "glm4v_moe", "internvl", "cohere2_vision", "lfm2_vl"],
 )  # fmt: skip
 def test_towers_counted_since_2026_12_06_count_as_transformers_builds_them(model_type: str) -> None:
     """Qwen3-VL's tower with its deepstack mergers, Qwen3.5's without, LLaVA-NeXT's and OneVision's (LLaVA's and
-    ``image_newline``), PaliGemma's, ShieldGemma 2's, GLM-4V's and InternVL's (``sidecar/budget/vision.py``): before, each
+    ``image_newline``), PaliGemma's, ShieldGemma 2's, GLM-4V's, InternVL's, Command A Vision's and LFM2-VL's
+    (``sidecar/budget/vision.py``): before, each
     was left out of the count (0.09B to 0.89B), with a note."""
     arch = architecture_from_config(SWEEP[model_type]["config"])
     assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
