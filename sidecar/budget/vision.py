@@ -2,8 +2,9 @@
 
 vLLM loads the vision encoder onto the GPU with the language model, so its weights count against
 the budget (Qwen2-VL-7B: 0.68B of its 8.29B). Each layout below is transformers' module tree for
-the family, term by term, and the corpus test checks each against the model transformers builds
-(``tests/data/hf-configs/transformers-reference.json``):
+the family, term by term, and the tests check each against the model transformers builds
+(``tests/data/hf-configs/transformers-reference.json`` for the corpus configs, the defaults sweep's
+``tests/data/transformers-defaults-sweep.json`` for every family vLLM 0.32 serves):
 
 * ``qwen2_vl``: Conv3d patch embedding (no bias), ``depth`` blocks of LayerNorm x 2, fused QKV and
   output projection, an ``mlp_ratio`` x MLP (fc1, fc2), and the patch merger (LayerNorm, two linears);
