@@ -10,7 +10,9 @@ from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
 from sidecar.budget.profile import (
+    ACTIVATION_ELEMENT_BYTES,
     QUANTISED_DTYPES,
+    encoder_outputs_bytes,
     estimate_activation_bytes,
     indexer_replicas_bytes,
     mla_absorbed_bytes,
@@ -65,6 +67,7 @@ def plan_notes(
     notes.extend(_lora_notes(request))
     notes.extend(_speculative_notes(request))
     notes.extend(_sorting_sampler_note(request))
+    notes.extend(_encoder_pass_note(request))
     if request.cpu_offload_bytes:
         notes.append(
             f"--cpu-offload-gb: vLLM keeps up to {request.cpu_offload_bytes / GIB:.2f} GiB of layer weights "
@@ -145,6 +148,20 @@ def _sorting_sampler_note(request: PlanRequest) -> list[str]:
         f"top-k/top-p): {extra / GIB:.2f} GiB more activation peak (in the plan), taken from the KV pool; "
         "vLLM 0.17+, VLLM_USE_FLASHINFER_SAMPLER=1 (for vLLM and the sidecar, where FlashInfer supports the "
         "GPU) or fewer --max-num-seqs lower it"
+    ]
+
+
+def _encoder_pass_note(request: PlanRequest) -> list[str]:
+    """What a multimodal plan leaves out: the vision encoder's own pass, the first of vLLM's profile."""
+    if request.architecture.vision_parameters == 0 or request.activation_bytes is not None:
+        return []
+    tokens = request.effective_batch[0]
+    held = encoder_outputs_bytes(request, tokens, ACTIVATION_ELEMENT_BYTES)
+    return [
+        "vLLM's start-up profile first runs the vision encoder on its largest dummy images; the plan counts "
+        f"the {held / GIB:.2f} GiB of outputs it keeps, not that pass's own peak, which can be the larger "
+        "for towers of large images (Qwen2-VL and later: up to 16,384 tokens an image by default) and then "
+        "shrinks the pool; --activation-memory takes the torch peak a deployment's log prints"
     ]
 
 

@@ -231,3 +231,16 @@ def test_a_plan_says_when_the_sampler_pass_sorts_and_what_it_costs(
     assert bool(sorting) is noted
     if noted:  # 1024 rows x 151,936 logits x 24 bytes more than the pass that does not sort
         assert f"{1024 * 151936 * 24 / GIB:.2f} GiB more" in sorting[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "noted"), [("Qwen--Qwen2.5-VL-7B-Instruct.json", True), ("Qwen--Qwen3-8B.json", False)]
+)
+def test_a_multimodal_plan_says_the_encoders_own_profile_pass_is_left_out(name: str, noted: bool) -> None:
+    # profile_run runs the encoder first (GPUModelRunner.profile_run); its peak is not modelled, and a plan
+    # must say so for any model with a tower, and not once a measured --activation-memory stands in
+    arch = _config(name).architecture
+    notes = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=8192)).notes
+    assert any("runs the vision encoder" in note for note in notes) is noted
+    measured = build_ledger(PlanRequest(arch, 24 * GIB, max_model_len=8192, activation_bytes=2 * GIB)).notes
+    assert not any("runs the vision encoder" in note for note in measured)
