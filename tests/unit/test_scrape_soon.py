@@ -66,7 +66,10 @@ async def test_a_round_asked_for_comes_before_the_interval() -> None:
 async def test_rounds_asked_for_are_never_closer_than_the_soonest_gap() -> None:
     asked = await _rounds(failing=False, asks=(0.0, 0.01, 0.02, 0.3))
     assert len(asked) == 3  # the first round, one for the three asks just after it, one for the ask at 0.3 s
-    assert asked[1] - asked[0] >= SOONEST_SECONDS * 0.99
+    # the first round began at 0 or later, so the asked one may begin no sooner than SOONEST_SECONDS: timed
+    # where the engine sees it (asked[1]), not against asked[0], which adds the first round's own requests
+    # before its page (a loaded CI machine once put that at 20 ms and the measured gap at 34 ms)
+    assert asked[1] >= SOONEST_SECONDS * 0.99
     assert asked[2] >= 0.3
 
 
