@@ -270,7 +270,7 @@ def _internvl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden:
     final = 0 if vision.get("use_mean_pooling", True) else 2 * hidden
     ratio = config.get("downsample_ratio", 0.5)
     merged = hidden * round(1 / ratio) ** 2 if isinstance(ratio, int | float) and ratio > 0 else 4 * hidden
-    projector = 2 * merged + merged * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
+    projector = 2 * merged + _two_linears(merged, text_hidden, bias=True)  # a LayerNorm, then LLaVA's two
     return embed + _int(vision, "num_hidden_layers", default=24) * layer + final + projector
 
 

@@ -63,11 +63,10 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   The dummy pass sets top-k and top-p (``_dummy_sampler_run``), so ``TopKTopPSampler`` filters every row: with
   PyTorch's implementation, ``apply_top_k_top_p`` sorts the float32 logits with their int64 indices
   (``vllm/v1/sample/ops/topk_topp_sampler.py``, read in 0.8.0, 0.9.0, 0.10.1.1, 0.10.2, 0.11.0-0.11.2, 0.15.0
-  and 0.16.0); from
-  0.17.0 rows go to a Triton kernel that filters in place (``apply_top_k_top_p_triton``, batches of 8 rows or
-  more). FlashInfer's sampler, which does not sort, is the default when installed up to 0.11.0
-  (``VLLM_USE_FLASHINFER_SAMPLER`` unset means on: vLLM's image has FlashInfer, the pip wheel only with its
-  ``flashinfer`` extra) and opt-in from 0.11.1 (``VLLM_USE_FLASHINFER_SAMPLER=1``):
+  and 0.16.0); from 0.17.0 rows go to a Triton kernel that filters in place (``apply_top_k_top_p_triton``,
+  batches of 8 rows or more). FlashInfer's sampler, which does not sort, is the default when installed up to
+  0.11.0 (``VLLM_USE_FLASHINFER_SAMPLER`` unset means on: vLLM's image has FlashInfer, the pip wheel only with
+  its ``flashinfer`` extra) and opt-in from 0.11.1 (``VLLM_USE_FLASHINFER_SAMPLER=1``):
   :meth:`VllmRelease.sampler_sorts_vocabulary`; the bytes are in :mod:`sidecar.budget.profile`.
 * **With speculative decoding the profile also runs the rejection sampler** (any method, ngram included:
   ``_dummy_sampler_run`` in ``gpu_model_runner.py``), and from 0.12.0 that pass holds more than the plain
