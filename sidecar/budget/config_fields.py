@@ -24,6 +24,19 @@ def first_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
+def int_field(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
+    """The first of ``keys`` that ``cfg`` holds as an integer (not a bool), else ``default``.
+
+    The lenient reading of the towers' modules, where a field transformers types as ``int | list`` may hold
+    a list that the formula reads otherwise, and a missing field takes its config class's default.
+    """
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read and decode one ``config.json``, turning every failure into a one-line :class:`ConfigError`."""
     try:

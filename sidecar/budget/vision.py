@@ -4,23 +4,28 @@ vLLM loads the vision encoder onto the GPU with the language model, so its weigh
 the budget (Qwen2-VL-7B: 0.68B of its 8.29B). Each layout below is transformers' module tree for
 the family, term by term, and the tests check each against the model transformers builds
 (``tests/data/hf-configs/transformers-reference.json`` for the corpus configs, the defaults sweep's
-``tests/data/transformers-defaults-sweep.json`` for every family vLLM 0.32 serves):
+``tests/data/transformers-defaults-sweep.json`` for every family vLLM 0.32 serves, and
+``tests/data/vision-tower-variants.json`` for configs that change each field a tower reads). The towers
+that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-H Omni) are in
+:mod:`sidecar.budget.vision_video`; the image towers here:
 
-* ``qwen2_vl``: Conv3d patch embedding (no bias), ``depth`` blocks of LayerNorm x 2, fused QKV and
-  output projection, an ``mlp_ratio`` x MLP (fc1, fc2), and the patch merger (LayerNorm, two linears);
-* ``qwen2_5_vl``: the same with RMSNorms and a gated MLP of ``intermediate_size``;
-* ``qwen3_vl`` and ``qwen3_5`` (``Qwen3VLVisionModel``, ``Qwen3_5VisionModel``, transformers 5.19): a Conv3d
-  patch embedding with a bias, ``num_position_embeddings`` learned positions, ``depth`` blocks of two
-  LayerNorms, fused QKV and output projection with biases and fc1/fc2 with biases, the patch merger
-  (LayerNorm of the vision width, ``hidden x merge^2`` square linear, linear to ``out_hidden_size``,
-  biases), and for Qwen3-VL one more merger per ``deepstack_visual_indexes`` entry (its LayerNorm over the
-  merged width; default three); Qwen3.5's tower has none. The MoE variants share the tower;
 * ``llava`` (CLIP tower): class and position embeddings, Conv2d patches, pre- and post-LayerNorm, each
   layer's q/k/v/out projections and fc1/fc2 with biases, then the two-layer projector to the text width;
   ``llava_next``, ``llava_next_video`` and ``llava_onevision`` add ``image_newline``, one text-width row
   (``LlavaNextModel``, ``LlavaOnevisionModel``), OneVision over a SigLIP tower;
 * ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2``
   is Gemma 3's tower and projector;
+* SigLIP-like towers without the attention-pooling head, each with its own defaults: ``paddleocr_vl``
+  (``PaddleOCRVisionModel``; its projector an LayerNorm and two linears with biases over the merged width),
+  ``cosmos3_edge`` (SigLIP 2's linear patches; ``Cosmos3EdgePatchMerger``: a LayerNorm and two linears with
+  biases through ``projector_hidden_size``), ``aria`` (Idefics3's tower; ``AriaProjector``: a query table of
+  the largest ``projector_patch_to_query_dict`` value, or the stored
+  ``max_value_projector_patch_to_query_dict``, a cross-attention of q/k/v without bias, a
+  ``MultiheadAttention`` and a linear with a bias, three LayerNorms, and two linears without bias to the
+  text width; vLLM 0.32.0's ``aria.py`` skips the post-LayerNorm, 2 x width fewer) and ``minicpmv4_6`` /
+  ``minicpmv4_7`` (``ViTWindowAttentionMerger``: an attention, a LayerNorm and an MLP over
+  ``window_kernel_size`` windows; then ``merger_times`` merger MLPs, the last to the text width; vLLM
+  0.32.0 builds one merger, and drops the last encoder layer with ``drop_vision_last_layer``);
 * ``llama4`` (``Llama4VisionModel`` and ``Llama4MultiModalProjector``, transformers 5.19
   ``models/llama4/modeling_llama4.py``; vLLM 0.32.0 builds the same tensors in
   ``vllm/model_executor/models/mllama4.py``): the patch embedding, a linear of
@@ -51,16 +56,12 @@ the family, term by term, and the tests check each against the model transformer
   two linears to the text width (biases when ``multimodal_projector_bias``); under ``llava`` (Pixtral-12B)
   the two linears of ``LlavaMultiModalProjector``, with biases by default.
 
-* ``glm4v`` and ``glm4v_moe`` (``Glm4vVisionModel``, transformers 5.19): learned positions of the
-  ``image_size`` grid, a Conv3d patch embedding with a bias, ``depth`` blocks of two RMSNorms, fused QKV
-  (a bias with ``attention_bias``), an output projection and a gated MLP of ``out_hidden_size`` without
-  biases; the merger (a square projection of ``out_hidden_size``, a LayerNorm and a gated MLP of
-  ``intermediate_size``), two RMSNorms and the Conv2d downsample (``spatial_merge_size`` kernel, a bias);
 * ``internvl`` (``InternVLVisionModel`` and ``InternVLMultiModalProjector``, transformers 5.19): a class
   token, Conv2d patches with a bias and absolute positions, layers of q/k/v (biases with ``attention_bias``),
   an output projection with a bias, optional q/k RMSNorms, fc1/fc2 with biases, two norms (``norm_type``)
   and two layer scales; a final LayerNorm unless mean pooling; the projector's LayerNorm over the pixel-
-  shuffled width (``downsample_ratio``) and two linears with biases to the text width;
+  shuffled width (``downsample_ratio``) and two linears with biases to the text width; ``qianfan_ocr``
+  (``QianfanOCRVisionModel``) is the same tree, with q/k/v biases by default;
 * ``cohere2_vision`` (``Cohere2VisionModel``, transformers 5.19): a SigLIP tower with its attention-pooling
   head unless ``vision_use_head`` is false, and the projector over pixel-shuffled features: a linear with a
   bias to ``alignment_intermediate_size`` and, after its SwiGLU halves it, one to the text width;
@@ -87,41 +88,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sidecar.budget.config_fields import int_field as _int
+from sidecar.budget.vision_video import VIDEO_TOWERS
+
 _LLAVA_TYPES = frozenset({"llava", "mistral3", "llava_next", "llava_next_video", "llava_onevision"})
 """Families whose tower and projector follow LLaVA's (``LlavaNext*`` and ``LlavaOnevision*`` add one
 text-width ``image_newline``); the vision config's own type says which tower."""
-QWEN3_VL_DEEPSTACK_MERGERS = 3
-"""``Qwen3VLVisionConfig``'s default ``deepstack_visual_indexes``: (8, 16, 24), one merger each."""
 MLLAMA_ASPECT_RATIOS = 8
 """``MllamaVisionConfig``'s default ``supported_aspect_ratios``: the eight tile layouts up to four tiles."""
-
-
-def _int(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
-
-
-def _qwen_vl(vision: Mapping[str, Any], text_hidden: int, *, gated: bool) -> int:
-    width = _int(vision, "embed_dim", "hidden_size", default=1280)
-    depth = _int(vision, "depth", default=32)
-    patch, temporal = _int(vision, "patch_size", default=14), _int(vision, "temporal_patch_size", default=2)
-    merge = _int(vision, "spatial_merge_size", default=2)
-    out = _int(vision, *(("out_hidden_size",) if gated else ()), "hidden_size", default=text_hidden)
-    channels = _int(vision, "in_chans", "in_channels", default=3)
-    norm = width if gated else 2 * width  # RMSNorm weight, or LayerNorm weight and bias
-    attention = 4 * width * width + 4 * width  # fused qkv and the output projection, with biases
-    if gated:
-        inner = _int(vision, "intermediate_size", default=4 * width)
-        mlp = 3 * width * inner + 2 * inner + width
-    else:
-        inner = int(vision.get("mlp_ratio", 4) * width)
-        mlp = 2 * width * inner + inner + width
-    merged = width * merge * merge
-    merger = norm + merged * merged + merged + merged * out + out
-    return channels * temporal * patch * patch * width + depth * (2 * norm + attention + mlp) + merger
 
 
 def _clip_llava(vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -216,36 +190,6 @@ def _siglip(vision: Mapping[str, Any]) -> int:
     return embeddings + layers * layer + 2 * width + head
 
 
-def _qwen3_vl(vision: Mapping[str, Any], deepstack_default: int) -> int:
-    hidden, width = _int(vision, "hidden_size", default=1152), _int(vision, "intermediate_size", default=4304)
-    patch, temporal = _int(vision, "patch_size", default=16), _int(vision, "temporal_patch_size", default=2)
-    merged = hidden * _int(vision, "spatial_merge_size", default=2) ** 2
-    out = _int(vision, "out_hidden_size", default=3584)
-    embed = _int(vision, "in_channels", default=3) * temporal * patch * patch * hidden + hidden
-    positions = _int(vision, "num_position_embeddings", default=2304) * hidden
-    block = 4 * hidden + 3 * hidden * hidden + 3 * hidden + hidden * hidden + hidden + 2 * hidden * width
-    block += width + hidden
-    merger = merged * merged + merged + merged * out + out  # two linears with biases, after the norm
-    indexes = vision.get("deepstack_visual_indexes")
-    deepstack = len(indexes) if isinstance(indexes, list) else deepstack_default
-    blocks = _int(vision, "depth", default=27) * block
-    return embed + positions + blocks + merger + 2 * hidden + deepstack * (merger + 2 * merged)
-
-
-def _glm4v(vision: Mapping[str, Any], _text_hidden: int) -> int:
-    hidden = _int(vision, "hidden_size", default=1536)
-    width = _int(vision, "intermediate_size", default=13696)
-    out, merge = _int(vision, "out_hidden_size", default=4096), _int(vision, "spatial_merge_size", default=2)
-    patch, temporal = _int(vision, "patch_size", default=14), _int(vision, "temporal_patch_size", default=2)
-    positions = (_int(vision, "image_size", default=336) // patch) ** 2 * hidden
-    embed = _int(vision, "in_channels", default=3) * temporal * patch * patch * hidden + hidden
-    qkv_bias = 3 * hidden if vision.get("attention_bias") else 0
-    block = 2 * hidden + 3 * hidden * hidden + qkv_bias + hidden * hidden + 3 * hidden * out  # MLP of out
-    merger = out * out + 2 * out + 3 * out * width
-    downsample = hidden * out * merge * merge + out
-    return positions + embed + _int(vision, "depth", default=24) * block + merger + 2 * hidden + downsample
-
-
 def _side(cfg: Mapping[str, Any], key: str, default: int) -> int:
     """A size given as one number or as ``[height, width]`` (square in every published config)."""
     value = cfg.get(key)
@@ -254,7 +198,9 @@ def _side(cfg: Mapping[str, Any], key: str, default: int) -> int:
     return _int(cfg, key, default=default)
 
 
-def _internvl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+def _internvl(
+    config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int, *, qkv_bias_default: bool = False
+) -> int:
     hidden, width = _int(vision, "hidden_size", default=1024), _int(vision, "intermediate_size", default=4096)
     patch, image = _side(vision, "patch_size", 14), _side(vision, "image_size", 448)
     norm = 2 * hidden if vision.get("norm_type", "layer_norm") == "layer_norm" else hidden
@@ -263,7 +209,7 @@ def _internvl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden:
         embed += hidden
     if vision.get("use_absolute_position_embeddings", True):
         embed += ((image // patch) ** 2 + 1) * hidden
-    qkv_bias = 3 * hidden if vision.get("attention_bias") else 0
+    qkv_bias = 3 * hidden if vision.get("attention_bias", qkv_bias_default) else 0
     layer = 3 * hidden * hidden + qkv_bias + hidden * hidden + hidden
     layer += (2 * hidden if vision.get("use_qk_norm") else 0) + 2 * hidden * width + width + hidden
     layer += 2 * norm + 2 * hidden  # the norms before and after, the two layer scales
@@ -323,29 +269,89 @@ def _gemma4(vision: Mapping[str, Any], text_hidden: int) -> int:
     return embeddings + _int(vision, "num_hidden_layers", default=16) * layer + text_hidden * width
 
 
+_SO400M = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27}  # SigLIP so400m's shape
+PADDLEOCR_VISION = {**_SO400M, "patch_size": 14, "image_size": 384}
+"""``PaddleOCRVisionConfig``'s defaults where SigLIP's differ."""
+COSMOS3_EDGE_VISION = {**_SO400M, "num_patches": 256}
+"""``Cosmos3EdgeVisionConfig``'s defaults where SigLIP 2's differ."""
+IDEFICS3_VISION = {"hidden_size": 1152, "num_hidden_layers": 12, "patch_size": 32}
+"""``Idefics3VisionConfig``'s defaults where SigLIP's differ (Aria's tower)."""
+ARIA_QUERIES = 256
+"""The largest value in ``AriaConfig``'s default ``projector_patch_to_query_dict``: {1225: 128, 4900: 256}."""
+
+
+def _headless_siglip(vision: Mapping[str, Any], defaults: Mapping[str, int], *, siglip2: bool = False) -> int:
+    """A SigLIP (or SigLIP 2) tower without the attention-pooling head, with its family's own defaults."""
+    model_type = "siglip2_vision_model" if siglip2 else "siglip_vision_model"
+    return _siglip({**defaults, **vision, "model_type": model_type, "vision_use_head": False})
+
+
+def _paddleocr_vl(_top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    width = _int(vision, "hidden_size", default=1152)
+    merged = width * _int(vision, "spatial_merge_size", default=2) ** 2
+    projector = 2 * width + merged * merged + merged + merged * text_hidden + text_hidden
+    return _headless_siglip(vision, PADDLEOCR_VISION) + projector
+
+
+def _cosmos3_edge(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    width = _int(vision, "hidden_size", default=1152)
+    inner = _int(top, "projector_hidden_size", default=11520)
+    merged = width * _int(vision, "spatial_merge_size", default=2) ** 2
+    projector = 2 * width + merged * inner + inner + inner * text_hidden + text_hidden
+    return _headless_siglip(vision, COSMOS3_EDGE_VISION, siglip2=True) + projector
+
+
+def _aria(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    width = _int(vision, "hidden_size", default=1152)
+    table = top.get("projector_patch_to_query_dict")
+    counts = [v for v in table.values() if isinstance(v, int)] if isinstance(table, Mapping) else []
+    queries = _int(top, "max_value_projector_patch_to_query_dict", default=max(counts, default=ARIA_QUERIES))
+    cross = 3 * width * width + 4 * width * width + 4 * width + width * width + width + 4 * width
+    projector = queries * width + cross + 2 * width + width * text_hidden + text_hidden * text_hidden
+    return _headless_siglip(vision, IDEFICS3_VISION) + projector
+
+
+def _minicpmv4_6(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """MiniCPM-V 4.6 and 4.7: SigLIP's tower and defaults, the window merger and the merger MLPs."""
+    width, inner = _int(vision, "hidden_size", default=768), _int(vision, "intermediate_size", default=3072)
+    window = vision.get("window_kernel_size")
+    cells = 4  # MiniCPMV4_6VisionConfig: (2, 2)
+    if isinstance(window, list) and len(window) == 2 and all(isinstance(v, int) for v in window):
+        cells = window[0] * window[1]
+    attention = 4 * (width * width + width)
+    window_merger = attention + 2 * width + 2 * cells * width + cells * width * cells * inner + cells * inner
+    window_merger += cells * inner * width + width
+
+    def merger(out: int) -> int:  # a LayerNorm over four patches, a square linear, a linear to ``out``
+        return 2 * 4 * width + 16 * width * width + 4 * width + 4 * width * out + out
+
+    extra = _int(top, "merger_times", default=1) - 1
+    return _headless_siglip(vision, {}) + window_merger + extra * merger(width) + merger(text_hidden)
+
+
 _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
-    "qwen2_vl": lambda vision, text_hidden: _qwen_vl(vision, text_hidden, gated=False),
-    "qwen2_5_vl": lambda vision, text_hidden: _qwen_vl(vision, text_hidden, gated=True),
     "llama4": _llama4,
     "gemma3": _siglip_gemma3,
     "shieldgemma2": _siglip_gemma3,  # ShieldGemma 2: Gemma 3's tower and projector
     "gemma4": _gemma4,
     "mllama": _mllama,
-    "glm4v": _glm4v,
-    "glm4v_moe": _glm4v,
     "paligemma": _paligemma,
-    "qwen3_vl": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
-    "qwen3_vl_moe": lambda vision, _: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
-    "qwen3_5": lambda vision, _: _qwen3_vl(vision, 0),
-    "qwen3_5_moe": lambda vision, _: _qwen3_vl(vision, 0),
 }
-"""The towers modelled, by the top config's ``model_type``."""
+"""The image towers read from ``vision_config`` alone, by the top config's ``model_type``."""
 _TOWERS_READING_THE_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int], int]] = {
     "internvl": _internvl,  # downsample_ratio
+    "qianfan_ocr": lambda top, vision, text: _internvl(top, vision, text, qkv_bias_default=True),
     "cohere2_vision": _cohere2_vision,  # downsample_factor, alignment_intermediate_size
     "lfm2_vl": _lfm2_vl,  # downsample_factor, projector_hidden_size, its bias and LayerNorm
+    "paddleocr_vl": _paddleocr_vl,
+    "cosmos3_edge": _cosmos3_edge,  # projector_hidden_size
+    "aria": _aria,  # the query table's size
+    "minicpmv4_6": _minicpmv4_6,  # merger_times
+    "minicpmv4_7": _minicpmv4_6,
+    **VIDEO_TOWERS,
 }
-"""The towers whose projector reads top-level fields, by the top config's ``model_type``."""
+"""The towers that read the top config too (image towers with top-level projector fields, and every video
+tower), by the top config's ``model_type``."""
 
 
 def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None:

@@ -3,7 +3,7 @@
 ``sidecar/budget/config_defaults.json`` (the defaults a config leaves out),
 ``tests/data/hf-configs/transformers-reference.json`` (how transformers reads each corpus config),
 ``tests/data/transformers-defaults-sweep.json`` (every family vLLM serves, as transformers builds its default
-config) and ``sidecar/budget/vllm_model_classes.json`` (what vLLM's model classes declare about LoRA and EAGLE-3) are data
+config), ``tests/data/vision-tower-variants.json`` (vision towers built from changed configs) and ``sidecar/budget/vllm_model_classes.json`` (what vLLM's model classes declare about LoRA and EAGLE-3) are data
 the offline tiers use; if one drifted from its source, these fail with the command to refresh it.
 """
 
@@ -25,6 +25,7 @@ ROOT = Path(__file__).parents[2]
         "gen_config_defaults.py",
         "transformers_reference.py",
         "transformers_defaults_sweep.py",
+        "vision_tower_variants.py",
         "gen_vllm_model_classes.py",
     ],
 )

@@ -147,7 +147,7 @@ def test_gemma_3_4b_counts_as_the_hub_does() -> None:
 @pytest.mark.parametrize(
     ("name", "noted"),
     [
-        ("aria", True),  # Aria's tower: not modelled from config.json
+        ("blip-2", True),  # BLIP-2's Q-Former: not modelled from config.json
         ("meta-llama--Llama-3.2-90B-Vision-Instruct.json", False),  # mllama's tower: counted since 2026-12-06
         ("Qwen--Qwen2.5-VL-7B-Instruct.json", False),  # counted
         ("Qwen--Qwen3-8B.json", False),  # no tower
@@ -155,9 +155,9 @@ def test_gemma_3_4b_counts_as_the_hub_does() -> None:
 )
 def test_a_vision_tower_left_out_of_the_count_is_named(name: str, noted: bool) -> None:
     """Before, a tower the config does not give was left out silently: 0.9B of Llama-3.2-90B-Vision's weights."""
-    if name == "aria":  # LLaVA-1.5's config under a type whose tower the plan does not model
+    if name == "blip-2":  # LLaVA-1.5's config under a type whose tower the plan does not model
         arch = architecture_from_config(json.loads((CORPUS / "llava-hf--llava-1.5-7b-hf.json").read_text())
-                                        | {"model_type": "aria"})  # fmt: skip
+                                        | {"model_type": "blip-2"})  # fmt: skip
     else:
         arch = load(name)
     notes = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=4096)).notes

@@ -214,12 +214,16 @@ def test_pixtral_under_llava_is_counted() -> None:
 @pytest.mark.parametrize(
     "model_type",
     ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "llava_next", "llava_next_video", "llava_onevision",
-     "paligemma", "shieldgemma2", "glm4v", "glm4v_moe", "internvl", "cohere2_vision", "lfm2_vl"],
+     "paligemma", "shieldgemma2", "glm4v", "glm4v_moe", "internvl", "cohere2_vision", "lfm2_vl",
+     "paddleocr_vl", "qianfan_ocr", "cosmos3_edge", "aria", "minicpmv4_6", "minicpmv4_7", "glm_ocr", "glm5_next",
+     "exaone4_5", "minimax_m3_vl", "muse_glimmer", "nemotron_h_omni"],
 )  # fmt: skip
 def test_towers_counted_since_2026_12_06_count_as_transformers_builds_them(model_type: str) -> None:
     """Qwen3-VL's tower with its deepstack mergers, Qwen3.5's without, LLaVA-NeXT's and OneVision's (LLaVA's and
     ``image_newline``), PaliGemma's, ShieldGemma 2's, GLM-4V's, InternVL's, Command A Vision's and LFM2-VL's
-    (``sidecar/budget/vision.py``): before, each
-    was left out of the count (0.09B to 0.89B), with a note."""
+    (``sidecar/budget/vision.py``), and since 2026-12-07 PaddleOCR-VL's, Qianfan-OCR's, Cosmos3-Edge's, Aria's,
+    MiniCPM-V 4.6's and 4.7's, GLM-OCR's, GLM-5-Next's, EXAONE 4.5's, MiniMax-M3-VL's, Muse Glimmer's and
+    Nemotron-H Omni's (``sidecar/budget/vision_video.py`` for those that embed video): before, each was
+    left out of the count (0.09B to 2.67B), with a note."""
     arch = architecture_from_config(SWEEP[model_type]["config"])
     assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
