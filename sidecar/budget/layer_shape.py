@@ -19,8 +19,10 @@ of the model transformers builds from every served family's default config:
   (``max_position_embeddings`` + 2: ``OPTLearnedPositionalEmbedding``'s offset).
 * **QK norms** of one head's width: Qwen3, Qwen3-MoE, Qwen3-VL (dense and MoE), Gemma 3, LFM2, Apertus,
   AFMoE, EXAONE-MoE, HunYuan v1 (``query_layernorm``, ``key_layernorm``).
-* **Four norms a layer** (before and after attention and MLP): the Gemma families, AFMoE and Muse Glimmer;
-  the last two also gate their attention's output (``gate_proj``, hidden x heads x head size).
+* **Four norms a layer** (before and after attention and MLP): the Gemma families, AFMoE, Muse Glimmer, and
+  GLM-4-0414, GLM-4.1V's and GLM-OCR's text models (``post_self_attn_layernorm``, ``post_mlp_layernorm``;
+  vLLM 0.32.0's ``glm4.py`` builds them too); AFMoE and Muse Glimmer also gate their attention's output
+  (``gate_proj``, hidden x heads x head size).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ _QK_NORM_TYPES = frozenset(
     {"qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3", "gemma3_text", "lfm2", "lfm2_moe",
      "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "gemma3n", "gemma3n_text"}
 )  # fmt: skip
-_SANDWICH_NORM_TYPES = frozenset({"afmoe", "muse_glimmer_text"})  # four norms a layer, as Gemma's
+_SANDWICH_NORM_TYPES = frozenset({"afmoe", "muse_glimmer_text", "glm4", "glm4v_text", "glm_ocr_text"})
 _ATTENTION_GATE_TYPES = frozenset({"afmoe", "muse_glimmer_text"})
 _XIELU_SCALARS = 2  # Apertus's activation: alpha_p and alpha_n, learnt per layer
 

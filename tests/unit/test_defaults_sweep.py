@@ -227,3 +227,12 @@ def test_towers_counted_since_2026_12_06_count_as_transformers_builds_them(model
     left out of the count (0.09B to 2.67B), with a note."""
     arch = architecture_from_config(SWEEP[model_type]["config"])
     assert arch.vision_parameters == SWEEP[model_type]["parameters"]["vision"]
+
+
+@pytest.mark.parametrize("model_type", ["glm4", "glm_ocr"])
+def test_glm4_text_layers_count_four_norms(model_type: str) -> None:
+    """GLM-4-0414's and GLM-OCR's decoder layers norm after attention and after the MLP too (transformers 5.19
+    ``Glm4DecoderLayer``; vLLM 0.32.0 ``glm4.py``, which GLM-4.1V's and GLM-OCR's text models are built
+    with): counted as two, the plan was 327,680 parameters short on GLM-4's default, within the tolerance."""
+    error, _ = _error(model_type)
+    assert error == 0
