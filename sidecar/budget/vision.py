@@ -9,11 +9,14 @@ the family, term by term, and the tests check each against the model transformer
 that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-H Omni) are in
 :mod:`sidecar.budget.vision_video`; the image towers here:
 
-* ``llava`` (CLIP tower): class and position embeddings, Conv2d patches, pre- and post-LayerNorm, each
-  layer's q/k/v/out projections and fc1/fc2 with biases, then the two-layer projector to the text width;
-  ``llava_next``, ``llava_next_video`` and ``llava_onevision`` add ``image_newline``, one text-width row
-  (``LlavaNextModel``, ``LlavaOnevisionModel``), OneVision over a SigLIP tower;
-* ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2``
+* ``blip-2`` (``Blip2VisionModel``, ``Blip2QFormerModel``): a ViT with a class token, q/k/v in one
+  projection (a bias unless ``qkv_bias`` is false), ``num_query_tokens`` learned queries, a Q-Former of
+  BERT-like layers with a cross-attention to the ViT every ``cross_attention_frequency`` layers (and a
+  second feed-forward with ``use_qformer_text_input``, which vLLM 0.32.0 never builds), and a projection;
+* ``step3p7`` (``Step3p7VisionModel``): a Conv2d patch embedding without bias, positions, a pre-LayerNorm,
+  CLIP-like layers with two layer scales, two 3 x 3 downsampling convolutions and a projection from
+  ``4 x hidden`` (the legacy ``width`` and ``layers`` win, as transformers reads them);
+* ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2
   is Gemma 3's tower and projector;
 * SigLIP-like towers without the attention-pooling head, each with its own defaults: ``paddleocr_vl``
   (``PaddleOCRVisionModel``; its projector an LayerNorm and two linears with biases over the merged width),
@@ -22,7 +25,9 @@ that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-
   the largest ``projector_patch_to_query_dict`` value, or the stored
   ``max_value_projector_patch_to_query_dict``, a cross-attention of q/k/v without bias, a
   ``MultiheadAttention`` and a linear with a bias, three LayerNorms, and two linears without bias to the
-  text width; vLLM 0.32.0's ``aria.py`` skips the post-LayerNorm, 2 x width fewer) and ``minicpmv4_6`` /
+  text width; vLLM 0.32.0's ``aria.py`` skips the post-LayerNorm, 2 x width fewer), ``idefics3`` and
+  ``smolvlm`` (Idefics3's tower; the connector, one linear without bias from the ``scale_factor^2``
+  pixel-shuffled width) and ``minicpmv4_6`` /
   ``minicpmv4_7`` (``ViTWindowAttentionMerger``: an attention, a LayerNorm and an MLP over
   ``window_kernel_size`` windows; then ``merger_times`` merger MLPs, the last to the text width; vLLM
   0.32.0 builds one merger, and drops the last encoder layer with ``drop_vision_last_layer``);
@@ -42,19 +47,8 @@ that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-
   biases, two LayerNorms and fc1/fc2 with biases, a post-LayerNorm, the attention-pooling head unless
   ``vision_use_head`` is false (the published Gemma 3 configs say false), and the projector
   (``vision hidden x text hidden`` and an RMSNorm of the vision width);
-* ``gemma4`` (``Gemma4VisionModel`` and ``Gemma4MultimodalEmbedder``, transformers 5.19): a two-axis
-  position table of ``position_embedding_size`` and a patch projection ``3 x patch^2 -> hidden`` without
-  bias, layers of q/k/v/o projections (KV heads of ``num_key_value_heads``), q and k norms of the head size,
-  a gated MLP and four RMSNorms, and the projection to the text width; a Gemma 4 config with an
-  ``audio_config`` (E2B, E4B) is not modelled, its audio tower being left out.
-
-* ``pixtral`` (``PixtralVisionModel``, transformers 5.19 ``models/pixtral/modeling_pixtral.py``; vLLM 0.32.0
-  ``pixtral.py`` loads the same tensors): a Conv2d patch embedding without bias, a pre-norm, layers of q/k/v/o
-  projections without bias, a gated MLP and two RMSNorms, no final norm (its 2D rotary embedding is a
-  buffer). Under ``mistral3`` (Mistral-Small-3.1 and 3.2) the projector is ``Mistral3MultiModalProjector``:
-  an RMSNorm of the vision width, the patch merger (``vision x spatial_merge_size^2 -> vision``, no bias) and
-  two linears to the text width (biases when ``multimodal_projector_bias``); under ``llava`` (Pixtral-12B)
-  the two linears of ``LlavaMultiModalProjector``, with biases by default.
+* ``gemma4``: its vision tower and, with an ``audio_config`` (E2B, E4B), its audio tower
+  (:func:`sidecar.budget.gemma4.gemma4_towers`);
 
 * ``internvl`` (``InternVLVisionModel`` and ``InternVLMultiModalProjector``, transformers 5.19): a class
   token, Conv2d patches with a bias and absolute positions, layers of q/k/v (biases with ``attention_bias``),
@@ -89,55 +83,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sidecar.budget.config_fields import int_field as _int
+from sidecar.budget.gemma4 import gemma4_towers
+from sidecar.budget.vision_blocks import clip_layer, headless_siglip, siglip, two_linears
+from sidecar.budget.vision_llava import LLAVA_TYPES, llava_family
 from sidecar.budget.vision_video import VIDEO_TOWERS
 
-_LLAVA_TYPES = frozenset({"llava", "mistral3", "llava_next", "llava_next_video", "llava_onevision"})
-"""Families whose tower and projector follow LLaVA's (``LlavaNext*`` and ``LlavaOnevision*`` add one
-text-width ``image_newline``); the vision config's own type says which tower."""
 MLLAMA_ASPECT_RATIOS = 8
 """``MllamaVisionConfig``'s default ``supported_aspect_ratios``: the eight tile layouts up to four tiles."""
-
-
-def _clip_llava(vision: Mapping[str, Any], text_hidden: int) -> int:
-    width = _int(vision, "hidden_size", default=1024)
-    layers = _int(vision, "num_hidden_layers", default=24)
-    inner = _int(vision, "intermediate_size", default=4 * width)
-    patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=336)
-    positions = (image // patch) ** 2 + 1
-    embeddings = width + 3 * patch * patch * width + positions * width
-    layer = 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
-    return embeddings + 4 * width + layers * layer + _two_linears(width, text_hidden, bias=True)
 
 
 def _paligemma(vision: Mapping[str, Any], text_hidden: int) -> int:
     """PaliGemma: a SigLIP tower and one linear with a bias to ``projection_dim`` (the text width)."""
     projection = _int(vision, "projection_dim", default=2048)
-    return _siglip(vision) + _int(vision, "hidden_size", default=768) * projection + projection
-
-
-def _pixtral(vision: Mapping[str, Any]) -> int:
-    width = _int(vision, "hidden_size", default=1024)
-    inner = _int(vision, "intermediate_size", default=4096)
-    heads = _int(vision, "num_attention_heads", default=16)
-    head_dim = _int(vision, "head_dim", default=width // heads)
-    patch = _int(vision, "patch_size", default=16)
-    layer = 4 * width * heads * head_dim + 3 * width * inner + 2 * width
-    return (
-        _int(vision, "num_channels", default=3) * patch * patch * width
-        + width
-        + _int(vision, "num_hidden_layers", default=24) * layer
-    )
-
-
-def _two_linears(width: int, text_hidden: int, *, bias: bool) -> int:
-    return width * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
-
-
-def _pixtral_mistral3(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
-    width, merge = _int(vision, "hidden_size", default=1024), _int(top, "spatial_merge_size", default=2)
-    merger = width * width * merge * merge + width  # the patch merger and the projector's RMSNorm
-    bias = bool(top.get("multimodal_projector_bias", False))
-    return _pixtral(vision) + merger + _two_linears(width, text_hidden, bias=bias)
+    return siglip(vision) + _int(vision, "hidden_size", default=768) * projection + projection
 
 
 def _llama4(vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -166,28 +124,7 @@ def _llama4(vision: Mapping[str, Any], text_hidden: int) -> int:
 def _siglip_gemma3(vision: Mapping[str, Any], text_hidden: int) -> int:
     """Gemma 3's SigLIP tower and projector (an RMSNorm of the vision width, a linear without bias)."""
     width = _int(vision, "hidden_size", default=768)
-    return _siglip(vision) + width * text_hidden + width
-
-
-def _siglip(vision: Mapping[str, Any]) -> int:
-    """A SigLIP tower (``SiglipVisionModel``; defaults: ``SiglipVisionConfig``'s), without a projector.
-
-    SigLIP 2 (``Siglip2VisionModel``) differs in what counts the same: a linear patch embedding with a bias
-    where SigLIP has a Conv2d with one, and ``num_patches`` positions where SigLIP has the image's grid.
-    """
-    width = _int(vision, "hidden_size", default=768)
-    inner = _int(vision, "intermediate_size", default=3072)
-    patch, image = _int(vision, "patch_size", default=16), _int(vision, "image_size", default=224)
-    embeddings = _int(vision, "num_channels", default=3) * patch * patch * width + width
-    positions = _int(vision, "num_patches") if vision.get("model_type") == "siglip2_vision_model" else 0
-    embeddings += (positions or (image // patch) ** 2) * width
-    mlp = 2 * width * inner + inner + width
-    layer = 4 * (width * width + width) + 2 * 2 * width + mlp
-    head = width + 3 * (width * width + width) + width * width + width + 2 * width + mlp  # probe, attention
-    if vision.get("vision_use_head", True) is False:
-        head = 0
-    layers = _int(vision, "num_hidden_layers", default=12)
-    return embeddings + layers * layer + 2 * width + head
+    return siglip(vision) + width * text_hidden + width
 
 
 def _side(cfg: Mapping[str, Any], key: str, default: int) -> int:
@@ -216,7 +153,7 @@ def _internvl(
     final = 0 if vision.get("use_mean_pooling", True) else 2 * hidden
     ratio = config.get("downsample_ratio", 0.5)
     merged = hidden * round(1 / ratio) ** 2 if isinstance(ratio, int | float) and ratio > 0 else 4 * hidden
-    projector = 2 * merged + _two_linears(merged, text_hidden, bias=True)  # a LayerNorm, then LLaVA's two
+    projector = 2 * merged + two_linears(merged, text_hidden, bias=True)  # a LayerNorm, then LLaVA's two
     return embed + _int(vision, "num_hidden_layers", default=24) * layer + final + projector
 
 
@@ -226,7 +163,7 @@ def _cohere2_vision(config: Mapping[str, Any], vision: Mapping[str, Any], text_h
     inner = _int(config, "alignment_intermediate_size", default=36864)
     shuffled = _int(vision, "hidden_size", default=768) * factor * factor
     halved = inner // 2  # the SwiGLU between the two linears halves the width
-    return _siglip(vision) + shuffled * inner + inner + halved * text_hidden + text_hidden
+    return siglip(vision) + shuffled * inner + inner + halved * text_hidden + text_hidden
 
 
 def _lfm2_vl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -236,7 +173,7 @@ def _lfm2_vl(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: 
     inner = _int(config, "projector_hidden_size", default=2560)
     bias = 1 if config.get("projector_bias", True) else 0
     norm = 2 * shuffled if config.get("projector_use_layernorm", True) else 0
-    return _siglip(vision) + norm + shuffled * inner + bias * inner + inner * text_hidden + bias * text_hidden
+    return siglip(vision) + norm + shuffled * inner + bias * inner + inner * text_hidden + bias * text_hidden
 
 
 def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -255,20 +192,6 @@ def _mllama(vision: Mapping[str, Any], text_hidden: int) -> int:
     return embeddings + 4 * hidden + local + global_ + projector
 
 
-def _gemma4(vision: Mapping[str, Any], text_hidden: int) -> int:
-    """Gemma 4's vision tower and its embedder (defaults: ``Gemma4VisionConfig``'s)."""
-    width = _int(vision, "hidden_size", default=768)
-    inner = _int(vision, "intermediate_size", default=3072)
-    heads, head_dim = _int(vision, "num_attention_heads", default=12), _int(vision, "head_dim", default=64)
-    kv_heads = _int(vision, "num_key_value_heads", default=heads)
-    patch = _int(vision, "patch_size", default=16)
-    positions = _int(vision, "position_embedding_size", default=10 * 1024)
-    embeddings = 2 * positions * width + 3 * patch * patch * width
-    attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim + 2 * head_dim
-    layer = attention + 3 * width * inner + 4 * width
-    return embeddings + _int(vision, "num_hidden_layers", default=16) * layer + text_hidden * width
-
-
 _SO400M = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27}  # SigLIP so400m's shape
 PADDLEOCR_VISION = {**_SO400M, "patch_size": 14, "image_size": 384}
 """``PaddleOCRVisionConfig``'s defaults where SigLIP's differ."""
@@ -280,17 +203,11 @@ ARIA_QUERIES = 256
 """The largest value in ``AriaConfig``'s default ``projector_patch_to_query_dict``: {1225: 128, 4900: 256}."""
 
 
-def _headless_siglip(vision: Mapping[str, Any], defaults: Mapping[str, int], *, siglip2: bool = False) -> int:
-    """A SigLIP (or SigLIP 2) tower without the attention-pooling head, with its family's own defaults."""
-    model_type = "siglip2_vision_model" if siglip2 else "siglip_vision_model"
-    return _siglip({**defaults, **vision, "model_type": model_type, "vision_use_head": False})
-
-
 def _paddleocr_vl(_top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
     width = _int(vision, "hidden_size", default=1152)
     merged = width * _int(vision, "spatial_merge_size", default=2) ** 2
     projector = 2 * width + merged * merged + merged + merged * text_hidden + text_hidden
-    return _headless_siglip(vision, PADDLEOCR_VISION) + projector
+    return headless_siglip(vision, PADDLEOCR_VISION) + projector
 
 
 def _cosmos3_edge(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -298,7 +215,7 @@ def _cosmos3_edge(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden
     inner = _int(top, "projector_hidden_size", default=11520)
     merged = width * _int(vision, "spatial_merge_size", default=2) ** 2
     projector = 2 * width + merged * inner + inner + inner * text_hidden + text_hidden
-    return _headless_siglip(vision, COSMOS3_EDGE_VISION, siglip2=True) + projector
+    return headless_siglip(vision, COSMOS3_EDGE_VISION, siglip2=True) + projector
 
 
 def _aria(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -308,7 +225,13 @@ def _aria(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -
     queries = _int(top, "max_value_projector_patch_to_query_dict", default=max(counts, default=ARIA_QUERIES))
     cross = 3 * width * width + 4 * width * width + 4 * width + width * width + width + 4 * width
     projector = queries * width + cross + 2 * width + width * text_hidden + text_hidden * text_hidden
-    return _headless_siglip(vision, IDEFICS3_VISION) + projector
+    return headless_siglip(vision, IDEFICS3_VISION) + projector
+
+
+def _idefics3(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Idefics3 and SmolVLM: Idefics3's tower and the connector over ``scale_factor^2`` shuffled patches."""
+    shuffled = _int(vision, "hidden_size", default=1152) * _int(top, "scale_factor", default=2) ** 2
+    return headless_siglip(vision, IDEFICS3_VISION) + shuffled * text_hidden
 
 
 def _minicpmv4_6(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -326,14 +249,60 @@ def _minicpmv4_6(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden:
         return 2 * 4 * width + 16 * width * width + 4 * width + 4 * width * out + out
 
     extra = _int(top, "merger_times", default=1) - 1
-    return _headless_siglip(vision, {}) + window_merger + extra * merger(width) + merger(text_hidden)
+    return headless_siglip(vision, {}) + window_merger + extra * merger(width) + merger(text_hidden)
+
+
+def _blip2(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """BLIP-2: its ViT (``Blip2VisionConfig``'s defaults), the query tokens, the Q-Former, the projection."""
+    width, inner = _int(vision, "hidden_size", default=1408), _int(vision, "intermediate_size", default=6144)
+    patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=224)
+    qkv_bias = 3 * width if vision.get("qkv_bias", True) else 0  # one 3 x width bias, the K slice zero
+    embeddings = width + 3 * patch * patch * width + width + ((image // patch) ** 2 + 1) * width
+    layer = 4 * width * width + qkv_bias + width + 2 * width * inner + inner + width + 4 * width
+    tower = embeddings + _int(vision, "num_hidden_layers", default=39) * layer + 2 * width
+    qformer = top.get("qformer_config")
+    qformer = qformer if isinstance(qformer, Mapping) else {}
+    hidden, q_inner = (
+        _int(qformer, "hidden_size", default=768),
+        _int(qformer, "intermediate_size", default=3072),
+    )
+    layers, every = (
+        _int(qformer, "num_hidden_layers", default=12),
+        _int(qformer, "cross_attention_frequency", default=2),
+    )
+    feed_forward = 2 * hidden * q_inner + q_inner + hidden + 2 * hidden
+    feed_forwards = 2 if qformer.get("use_qformer_text_input") is True else 1
+    attention = 4 * (hidden * hidden + hidden) + 2 * hidden
+    cross = 2 * (hidden * hidden + hidden) + 2 * (width * hidden + hidden) + 2 * hidden  # keys from the ViT
+    qformer_total = (
+        2 * hidden + layers * (attention + feed_forwards * feed_forward) + -(-layers // every) * cross
+    )
+    queries = _int(top, "num_query_tokens", default=32) * hidden
+    return tower + queries + qformer_total + hidden * text_hidden + text_hidden
+
+
+def _step3p7(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """Step 3.7's tower (``intermediate_size`` is always ``hidden x mlp_ratio``) and its projector."""
+    width, layers = (
+        _int(vision, "width", "hidden_size", default=1536),
+        _int(vision, "layers", "num_hidden_layers", default=47),
+    )
+    ratio = vision.get("mlp_ratio")
+    inner = int(width * (ratio if isinstance(ratio, float) else 8960 / 1536))
+    patch, image = _int(vision, "patch_size", default=14), _int(vision, "image_size", default=728)
+    embeddings = (
+        _int(vision, "num_channels", default=3) * patch * patch * width + (image // patch) ** 2 * width
+    )
+    layer = clip_layer(width, inner) + 2 * width  # and two layer scales
+    downsamplers = 9 * width * 2 * width + 2 * width + 9 * 2 * width * 4 * width + 4 * width  # 3 x 3 convs
+    projector = 4 * width * text_hidden + (text_hidden if top.get("projector_bias") is True else 0)
+    return embeddings + 2 * width + layers * layer + downsamplers + projector
 
 
 _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "llama4": _llama4,
     "gemma3": _siglip_gemma3,
     "shieldgemma2": _siglip_gemma3,  # ShieldGemma 2: Gemma 3's tower and projector
-    "gemma4": _gemma4,
     "mllama": _mllama,
     "paligemma": _paligemma,
 }
@@ -346,8 +315,13 @@ _TOWERS_READING_THE_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Mapping[st
     "paddleocr_vl": _paddleocr_vl,
     "cosmos3_edge": _cosmos3_edge,  # projector_hidden_size
     "aria": _aria,  # the query table's size
+    "idefics3": _idefics3,  # scale_factor
+    "smolvlm": _idefics3,
     "minicpmv4_6": _minicpmv4_6,  # merger_times
     "minicpmv4_7": _minicpmv4_6,
+    "gemma4": lambda top, _, text_hidden: gemma4_towers(top, text_hidden),  # audio_config too
+    "blip-2": _blip2,  # qformer_config, num_query_tokens
+    "step3p7": _step3p7,  # projector_bias
     **VIDEO_TOWERS,
 }
 """The towers that read the top config too (image towers with top-level projector fields, and every video
@@ -360,32 +334,10 @@ def vision_parameters(config: Mapping[str, Any], text_hidden: int) -> int | None
     if not isinstance(vision, Mapping):
         return 0
     model_type = str(config.get("model_type") or "")
-    if model_type == "gemma4" and isinstance(config.get("audio_config"), Mapping):
-        return None  # E2B, E4B: an audio tower beside the vision one, not modelled
-    if model_type in _LLAVA_TYPES:
-        return _llava_family(model_type, config, vision, text_hidden)
+    if model_type in LLAVA_TYPES:
+        return llava_family(model_type, config, vision, text_hidden)
     with_top = _TOWERS_READING_THE_TOP_LEVEL.get(model_type)  # projectors sized by top-level fields
     if with_top:
         return with_top(config, vision, text_hidden)
     tower = _TOWERS.get(model_type)
     return tower(vision, text_hidden) if tower else None
-
-
-def _llava_family(
-    model_type: str, config: Mapping[str, Any], vision: Mapping[str, Any], text: int
-) -> int | None:
-    """The LLaVA-style families: the vision config's type names the tower (``None``: one not modelled)."""
-    tower_type = str(vision.get("model_type", "clip_vision_model"))
-    mistral3_tower = tower_type in ("pixtral", "clip_vision_model")
-    if model_type == "mistral3":
-        return _pixtral_mistral3(config, vision, text) if mistral3_tower else None
-    bias = bool(config.get("multimodal_projector_bias", True))
-    newline = 0 if model_type == "llava" else text  # LlavaNext* and LlavaOnevision*: ``image_newline``
-    if tower_type == "clip_vision_model":
-        return _clip_llava(vision, text) + newline
-    if tower_type == "pixtral" and model_type == "llava":  # Pixtral-12B
-        return _pixtral(vision) + _two_linears(_int(vision, "hidden_size", default=1024), text, bias=bias)
-    if tower_type == "siglip_vision_model" and model_type != "llava":  # LLaVA-OneVision
-        width = _int(vision, "hidden_size", default=768)
-        return _siglip(vision) + _two_linears(width, text, bias=bias) + newline
-    return None

@@ -1,8 +1,8 @@
 """Vision towers that embed video: patches over ``temporal_patch_size`` frames, then a patch merger.
 
-The Qwen-VL line and the towers built after it (GLM, EXAONE, MiniMax, Muse), and Nemotron-H Omni's RADIO
-tower with its video projection and optional audio encoder. Each function is transformers 5.19's module tree
-for the family, term by term, read from its ``modeling_<family>.py`` with the defaults of its
+The Qwen-VL line and the towers built after it (ERNIE 4.5-VL, GLM, EXAONE, MiniMax, Muse), and Nemotron-H
+Omni's RADIO tower with its video projection and optional audio encoder. Each function is transformers 5.19's
+module tree for the family, term by term, read from its ``modeling_<family>.py`` with the defaults of its
 ``configuration_<family>.py``; the tests check each against the model transformers builds on the ``meta``
 device, for the family's default config and for configs that change every field the function reads
 (``tests/unit/test_defaults_sweep.py``, ``tests/unit/test_vision_towers.py``). vLLM 0.32.0 loads the same
@@ -19,6 +19,12 @@ tensors under other names (fused QKV and gate/up projections) unless a family sa
   (LayerNorm of the vision width, ``hidden x merge^2`` square linear, linear to ``out_hidden_size``,
   biases), and for Qwen3-VL one more merger per ``deepstack_visual_indexes`` entry (its LayerNorm over the
   merged width; default three); Qwen3.5's tower has none. The MoE variants share the tower;
+* ``ernie4_5_vl_moe`` (``Ernie4_5_VLMoeVisionTransformerPretrainedModel`` and
+  ``Ernie4_5_VLMoeVariableResolutionResamplerModel``): a linear patch embedding without bias, blocks of two
+  LayerNorms, fused QKV and output projection and fc1/fc2 with biases, a final LayerNorm; the resampler's
+  spatial and temporal (``temporal_merge_size`` frames) MLPs over the merged width, each with a LayerNorm,
+  the projection to the text width and an RMSNorm. The language model's image experts are the language
+  model's. vLLM 0.32.0's ``ernie45_vl.py`` builds the same shapes from Baidu's own config names;
 * ``glm4v`` and ``glm4v_moe`` (``Glm4vVisionModel``): learned positions of the
   ``image_size`` grid, a Conv3d patch embedding with a bias, ``depth`` blocks of two RMSNorms, fused QKV
   (a bias with ``attention_bias``), an output projection and a gated MLP of ``out_hidden_size`` without
@@ -51,6 +57,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sidecar.budget.config_fields import int_field as _int
+from sidecar.budget.vision_blocks import clip_layer
 
 QWEN3_VL_DEEPSTACK_MERGERS = 3
 """``Qwen3VLVisionConfig``'s default ``deepstack_visual_indexes``: (8, 16, 24), one merger each."""
@@ -106,6 +113,21 @@ def _qwen3_vl(vision: Mapping[str, Any], deepstack_default: int) -> int:
     return embed + positions + blocks + merger + 2 * hidden + deepstack * (merger + 2 * merged)
 
 
+def _ernie4_5_vl_moe(vision: Mapping[str, Any], text_hidden: int) -> int:
+    """ERNIE 4.5-VL's tower and resampler (defaults: ``Ernie4_5_VLMoeVisionConfig``'s)."""
+    width = _int(vision, "hidden_size", default=1280)
+    inner = _int(vision, "intermediate_size", default=4 * width)
+    patch = _int(vision, "patch_size", default=14)
+    block = 4 * width + 4 * width * width + 4 * width + 2 * width * inner + inner + width
+    tower = _int(vision, "in_channels", default=3) * patch * patch * width
+    tower += _int(vision, "depth", default=32) * block + 2 * width
+    merged = width * _int(vision, "spatial_merge_size", default=2) ** 2
+    temporal = _int(vision, "temporal_merge_size", default=2)
+    spatial = 2 * (merged * merged + merged) + 2 * merged
+    over_time = merged * temporal * merged + merged + merged * merged + merged + 2 * merged
+    return tower + spatial + over_time + merged * text_hidden + 2 * text_hidden  # the MLP and the RMSNorm
+
+
 def _glm4v(vision: Mapping[str, Any]) -> int:
     hidden = _int(vision, "hidden_size", default=1536)
     width = _int(vision, "intermediate_size", default=13696)
@@ -144,11 +166,6 @@ def _glm5_next(_top: Mapping[str, Any], vision: Mapping[str, Any], _text_hidden:
     return _glm_ocr(vision, _int(vision, "projection_intermediate_size", default=10240))
 
 
-def _clip_layer(width: int, inner: int) -> int:
-    """A CLIP-like encoder layer: q/k/v/out projections and fc1/fc2 with biases, two LayerNorms."""
-    return 4 * (width * width + width) + 2 * width * inner + inner + width + 4 * width
-
-
 def _minimax_m3_vl(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
     width, inner = _int(vision, "hidden_size", default=1280), _int(vision, "intermediate_size", default=5120)
     patch, temporal = _int(vision, "patch_size", default=14), _int(vision, "temporal_patch_size", default=2)
@@ -156,7 +173,7 @@ def _minimax_m3_vl(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidde
     merge = _int(vision, "spatial_merge_size", default=2)
     merged = _int(top, "merged_hidden_size", default=text_hidden * merge * merge)  # as stored, if stored
     tower = _int(vision, "num_channels", default=3) * temporal * patch * patch * width + 2 * width
-    tower += _int(vision, "num_hidden_layers", default=32) * _clip_layer(width, inner)
+    tower += _int(vision, "num_hidden_layers", default=32) * clip_layer(width, inner)
     linears = (width + merged) * projector + 2 * projector + 2 * (projector * text_hidden + text_hidden)
     return tower + linears
 
@@ -168,7 +185,7 @@ def _muse_glimmer(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden
     out = _int(top, "out_hidden_size", default=6144)
     projector = _int(top, "projector_hidden_size", default=4096)
     tower = temporal * 3 * patch * patch * width + positions * width + 4 * width
-    tower += _int(vision, "num_hidden_layers", default=50) * _clip_layer(width, inner)
+    tower += _int(vision, "num_hidden_layers", default=50) * clip_layer(width, inner)
     return tower + out * projector + projector * projector + projector * text_hidden
 
 
@@ -247,6 +264,7 @@ VIDEO_TOWERS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int], in
     "qwen3_vl_moe": lambda _, vision, __: _qwen3_vl(vision, QWEN3_VL_DEEPSTACK_MERGERS),
     "qwen3_5": lambda _, vision, __: _qwen3_vl(vision, 0),
     "qwen3_5_moe": lambda _, vision, __: _qwen3_vl(vision, 0),
+    "ernie4_5_vl_moe": lambda _, vision, text_hidden: _ernie4_5_vl_moe(vision, text_hidden),
     "glm4v": lambda _, vision, __: _glm4v(vision),
     "glm4v_moe": lambda _, vision, __: _glm4v(vision),
     "glm_ocr": lambda _, vision, __: _glm_ocr_top(vision),

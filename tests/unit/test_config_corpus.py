@@ -129,12 +129,13 @@ GEMMA4_VISION = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers"
         pytest.param({"model_type": "gemma4", "text_config": GEMMA4_TEXT, "vision_config": GEMMA4_VISION}, 244_576,
                      id="gemma4"),
         pytest.param({"model_type": "gemma4", "text_config": GEMMA4_TEXT, "vision_config": GEMMA4_VISION,
-                      "audio_config": {"hidden_size": 64}}, None, id="gemma4-with-audio-not-modelled"),
+                      "audio_config": {"hidden_size": 64}}, 1_835_232, id="gemma4-with-audio"),  # E2B, E4B
     ],
 )  # fmt: skip
 def test_gemma_vision_towers_are_transformers(config: dict[str, Any], vision: int | None) -> None:
     """The towers and projectors ``Gemma3ForConditionalGeneration`` / ``Gemma4ForConditionalGeneration`` of
-    transformers 5.19 build from each config (their parameters outside the language model)."""
+    transformers 5.19 build from each config (their parameters outside the language model; Gemma 4's audio
+    tower too, since 2026-12-07: before, a config with one was planned without either tower)."""
     assert architecture_from_config(config).vision_parameters == vision
 
 
@@ -147,7 +148,7 @@ def test_gemma_3_4b_counts_as_the_hub_does() -> None:
 @pytest.mark.parametrize(
     ("name", "noted"),
     [
-        ("blip-2", True),  # BLIP-2's Q-Former: not modelled from config.json
+        ("aya_vision", True),  # Aya Vision's tower: not modelled from config.json
         ("meta-llama--Llama-3.2-90B-Vision-Instruct.json", False),  # mllama's tower: counted since 2026-12-06
         ("Qwen--Qwen2.5-VL-7B-Instruct.json", False),  # counted
         ("Qwen--Qwen3-8B.json", False),  # no tower
@@ -155,9 +156,9 @@ def test_gemma_3_4b_counts_as_the_hub_does() -> None:
 )
 def test_a_vision_tower_left_out_of_the_count_is_named(name: str, noted: bool) -> None:
     """Before, a tower the config does not give was left out silently: 0.9B of Llama-3.2-90B-Vision's weights."""
-    if name == "blip-2":  # LLaVA-1.5's config under a type whose tower the plan does not model
+    if name == "aya_vision":  # LLaVA-1.5's config under a type whose tower the plan does not model
         arch = architecture_from_config(json.loads((CORPUS / "llava-hf--llava-1.5-7b-hf.json").read_text())
-                                        | {"model_type": "blip-2"})  # fmt: skip
+                                        | {"model_type": "aya_vision"})  # fmt: skip
     else:
         arch = load(name)
     notes = build_ledger(PlanRequest(arch, 80 * GIB, max_model_len=4096)).notes
