@@ -34,12 +34,13 @@ from sidecar.budget.indexer import IndexerSpec, indexer_spec
 from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_kinds, parallel_state_layers
 from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
 from sidecar.budget.longcat import ATTENTION_BLOCKS, LongcatLayers, longcat_layers
-from sidecar.budget.mimo import MimoLayers, mimo_layers, sliding_window
+from sidecar.budget.mimo import MimoLayers, sliding_window
 from sidecar.budget.moe import MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
+from sidecar.budget.step3p5 import attention_geometries
 from sidecar.budget.unmodelled import unmodelled_features
 from sidecar.budget.vision import vision_parameters
 from sidecar.budget.vllm_classes import state_class
@@ -105,7 +106,7 @@ class Architecture:
     kv_shared_layers: int = 0  # trailing layers that read an earlier layer's KV (Gemma 3n and 4)
     gemma4: Gemma4Layers | None = None  # Gemma 4's full-attention geometry, per-layer inputs, MoE block
     zamba2: Zamba2Blocks | None = None  # Zamba2's shared transformer blocks
-    mimo: MimoLayers | None = None  # MiMo-V2's sliding and full attention geometries
+    mimo: MimoLayers | None = None  # MiMo-V2's and Step 3.5's sliding and full attention geometries
     indexer: IndexerSpec | None = None  # DeepSeek-V3.2's sparse-attention indexer (its cache and weights)
     longcat: LongcatLayers | None = None  # LongCat-Flash's two attention blocks and two MLPs a layer
     gemma3n: Gemma3nLayers | None = None  # Gemma 3n's AltUp, LAuReL and per-layer inputs
@@ -215,9 +216,12 @@ def _derived_max_len(cfg: Mapping[str, Any], model_type: str) -> int | None:
     return int(min(lengths) * factor)
 
 
+_KV_HEADS: tuple[str, ...] = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+_KV_HEADS += ("kv_n_heads", "num_attention_groups")  # the latter Step 3.5's (Step3p7TextConfig.attribute_map)
 _ALIASES = (
-    ("num_local_experts", "n_routed_experts", "num_experts"),
-    ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "kv_n_heads"),
+    ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
+    ("num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k"),
+    _KV_HEADS,
     ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
     ("num_attention_heads", "n_head", "n_heads"),
     ("hidden_size", "n_embd", "d_model"),
@@ -280,12 +284,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         )
     heads = _required_int(cfg, "num_attention_heads", "n_head", "n_heads")
     hidden = _required_int(cfg, "hidden_size", "n_embd", "d_model")
-    kv_heads = (
-        first_int(
-            cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "kv_n_heads"
-        )
-        or heads
-    )
+    kv_heads = first_int(cfg, *_KV_HEADS) or heads
     falcon = model_type in FALCON_TYPES
     if falcon and not cfg.get("new_decoder_architecture") and cfg.get("multi_query"):
         kv_heads = 1  # vLLM's FalconModelArchConfigConvertor: multi_query means one KV head
@@ -334,7 +333,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         kv_shared_layers=kv_shared_layers(cfg, model_type, num_layers),
         gemma4=gemma4_layers(cfg, model_type, head_dim, kv_heads),
         zamba2=zamba2_blocks(cfg, model_type),
-        mimo=mimo_layers(cfg, model_type, heads, kv_heads, head_dim),
+        mimo=attention_geometries(cfg, model_type, heads, kv_heads, head_dim),
         indexer=indexer_spec(cfg, model_type, num_layers),
         longcat=longcat_layers(cfg, model_type),
         gemma3n=gemma3n_layers(cfg, model_type),

@@ -42,6 +42,7 @@ from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.mimo import MIMO_TYPES, hybrid_pattern
 from sidecar.budget.moe import LLAMA4_TYPES
+from sidecar.budget.step3p5 import STEP3P5_TYPES
 from sidecar.budget.zamba2 import ZAMBA2, hybrid_layer_count
 
 _QWEN_WINDOW_TYPES = frozenset(
@@ -126,6 +127,8 @@ def _declared_kinds(  # noqa: PLR0911 - one return per family rule reads best
 ) -> tuple[LayerKind, ...] | None:
     """Kinds a config declares layer by layer (lists, patterns, periods), ``None`` when it declares none."""
     layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if model_type in STEP3P5_TYPES and isinstance(layer_types, list):  # MTP layers' entries padded on
+        layer_types = layer_types[:num_layers]  # vLLM 0.32.0's Step3p5Config keeps the model's
     if isinstance(layer_types, list) and len(layer_types) == num_layers:
         return tuple(_LISTED_KINDS.get(str(t), LayerKind.FULL) for t in layer_types)
     pattern = cfg.get("hybrid_override_pattern")

@@ -19,6 +19,9 @@ Llama 4 (``llama4_text``) is read as transformers 5.19 defines it (``models/llam
 * the other layers hold a gated MLP of ``intermediate_size_mlp`` (``Llama4TextMLP(config,
   intermediate_size=config.intermediate_size_mlp)``), not of ``intermediate_size``.
 
+Step 3.5 lists its MoE layers in ``moe_layers_enum`` and gives each one shared expert of
+``share_expert_dim`` (:mod:`sidecar.budget.step3p5`).
+
 ERNIE 4.5's MoE (``ernie4_5_moe``) names its fields apart: ``moe_num_experts``, ``moe_k``,
 ``moe_num_shared_experts`` (one shared MLP of that many times ``moe_intermediate_size``), and makes a layer a
 MoE layer when ``(i + 1) % moe_layer_interval == 0`` and ``moe_layer_start_index <= i <=
@@ -49,6 +52,7 @@ from typing import Any, Final, TypeGuard
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.mimo import MIMO_TYPES, moe_layer_freq
+from sidecar.budget.step3p5 import STEP3P5_TYPES, step3p5_moe_layers, step3p5_shared_width
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
@@ -122,6 +126,8 @@ def _listed_moe_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int)
         moe_layers = _ernie_moe_layers(cfg, num_layers)
     if model_type in MIMO_TYPES:
         moe_layers = moe_layer_freq(cfg) or moe_layers
+    if model_type in STEP3P5_TYPES:
+        moe_layers = step3p5_moe_layers(cfg, num_layers)
     kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
     if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
         moe_layers = tuple(i for i, kind in enumerate(kinds) if kind != "dense")
@@ -174,6 +180,8 @@ def moe_from_config(
         shared = 1
     shared_size = shared * (shared_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
+    if model_type in STEP3P5_TYPES:
+        one_shared = step3p5_shared_width(cfg, expert_size, top_k)
     if one_shared:
         shared, shared_size = 1, one_shared
     return MoeSpec(

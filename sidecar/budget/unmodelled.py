@@ -35,6 +35,7 @@ from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.indexer import INDEXED_TYPES
 from sidecar.budget.layer_kinds import unlisted_layer_types
 from sidecar.budget.mimo import MIMO_TYPES
+from sidecar.budget.step3p5 import STEP3P5_TYPES
 
 _SLIDING_GEOMETRY = (
     ("swa_num_key_value_heads", "num_key_value_heads"), ("swa_head_dim", "head_dim"),
@@ -67,7 +68,7 @@ def unmodelled_features(
         and first_int(cfg, "index_head_dim", "index_n_heads") is not None
     ):
         features.append("sparse-attention indexer and its KV cache")
-    mimo = model_type in MIMO_TYPES  # both modelled there (sidecar.budget.mimo)
+    mimo = model_type in MIMO_TYPES | STEP3P5_TYPES  # both modelled (sidecar.budget.mimo, .step3p5)
     if not mla and not mimo and _differs(cfg, "v_head_dim", "head_dim"):
         features.append("value heads of another size than the key heads (KV per token)")
     if not mimo and any(_differs(cfg, own, main) for own, main in _SLIDING_GEOMETRY):

@@ -48,12 +48,6 @@ EXCEPTIONS: dict[str, tuple[str, str, float]] = {  # family: (kind, why, signed 
     "mistral3": ("tie", TIES_BY_TEXT_CONFIG, 0.03),
     "internvl": ("tie", TIES_BY_TEXT_CONFIG, 0.055),
     "qwen3_vl_moe": ("tie", TIES_BY_TEXT_CONFIG, -0.024),
-    "step3p7": (
-        "text",
-        "Step 3.7's text model (Step3p7TextModel) holds a shared expert of share_expert_dim and a per-head "
-        "attention gate (g_proj) in every layer, which the plan does not read: 0.67B of 195B",
-        -0.004,
-    ),
     "glm5_next": (NOTED, "the indexer, hyper-connections", -0.003),
     "hy_v4": (NOTED, "the indexer, hyper-connections", -0.015),
     "inkling_text": (NOTED, "the sliding layers' own heads", -0.0012),
