@@ -18,7 +18,7 @@ of the model transformers builds from every served family's default config:
 * **Learned absolute positions**: GPT-2 and GPT-BigCode (``n_positions`` rows), OPT
   (``max_position_embeddings`` + 2: ``OPTLearnedPositionalEmbedding``'s offset).
 * **QK norms** of one head's width: Qwen3, Qwen3-MoE, Qwen3-VL (dense and MoE), Gemma 3, LFM2, Apertus,
-  AFMoE, EXAONE-MoE, HunYuan v1 (``query_layernorm``, ``key_layernorm``).
+  AFMoE, EXAONE-MoE, HunYuan v1 (``query_layernorm``, ``key_layernorm``), Step 3.5.
 * **Four norms a layer** (before and after attention and MLP): the Gemma families, AFMoE, Muse Glimmer, and
   GLM-4-0414, GLM-4.1V's and GLM-OCR's text models (``post_self_attn_layernorm``, ``post_mlp_layernorm``;
   vLLM 0.32.0's ``glm4.py`` builds them too); AFMoE and Muse Glimmer also gate their attention's output
@@ -51,7 +51,8 @@ _OUTPUT_BIAS_TYPES = frozenset(
 _USE_BIAS_TYPES = frozenset({"starcoder2", "ernie4_5", "ernie4_5_moe"})  # one flag for every projection
 _QK_NORM_TYPES = frozenset(
     {"qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3", "gemma3_text", "lfm2", "lfm2_moe",
-     "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "gemma3n", "gemma3n_text"}
+     "apertus", "afmoe", "exaone_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "gemma3n", "gemma3n_text",
+     "step3p5"}
 )  # fmt: skip
 _SANDWICH_NORM_TYPES = frozenset({"afmoe", "muse_glimmer_text", "glm4", "glm4v_text", "glm_ocr_text"})
 _ATTENTION_GATE_TYPES = frozenset({"afmoe", "muse_glimmer_text"})

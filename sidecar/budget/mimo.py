@@ -61,14 +61,13 @@ class MimoLayers:
     full: AttentionHeads
     sliding: AttentionHeads
     sliding_sinks: bool  # add_swa_attention_sink_bias: one learnt sink per query head
-    qk_norm: bool = False  # Step 3.5: q and k norms of the head size
     head_wise_gate: bool = False  # Step 3.5's g_proj: hidden x query heads
 
-    def attention_parameters(self, hidden: int, *, sliding: bool) -> int:
-        """One layer's attention weights: projections, sinks, norms and gate of its kind."""
+    def attention_parameters(self, hidden: int, *, sliding: bool, qk_norm: bool) -> int:
+        """One layer's attention weights: projections, sinks, q and k norms and gate of its kind."""
         heads = self.sliding if sliding else self.full
         total = heads.parameters(hidden) + (heads.heads if sliding and self.sliding_sinks else 0)
-        total += 2 * heads.head_dim if self.qk_norm else 0
+        total += 2 * heads.head_dim if qk_norm else 0
         return total + (hidden * heads.heads if self.head_wise_gate else 0)
 
 

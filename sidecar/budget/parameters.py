@@ -34,7 +34,9 @@ def _attention_parameters(arch: Architecture, kind: LayerKind, layer: int) -> in
     if arch.v4 is not None:  # DeepSeek-V4 (sidecar.budget.deepseek_v4): a layer's own ratio
         return arch.v4.layer_parameters(hidden, arch.num_attention_heads, arch.v4.ratios[layer])
     if arch.mimo is not None:  # MiMo-V2, Step 3.5: each kind its own heads
-        return arch.mimo.attention_parameters(hidden, sliding=kind is LayerKind.SLIDING)
+        return arch.mimo.attention_parameters(
+            hidden, sliding=kind is LayerKind.SLIDING, qk_norm=arch.shape.qk_norm
+        )
     q_size = arch.num_attention_heads * arch.head_dim
     kv_size = arch.num_kv_heads * arch.head_dim
     total = hidden * (q_size + 2 * kv_size) + q_size * hidden

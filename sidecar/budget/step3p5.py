@@ -13,7 +13,8 @@ and transformers 5.19's ``Step3p7TextConfig`` (``models/step3p7``), which reads 
   holds the two; the KV pages follow).
 * **Per-layer lists longer than the model.** The checkpoints pad ``layer_types`` with their MTP layers'
   entries; ``Step3p5Config`` keeps the first ``num_hidden_layers``.
-* **Attention extras**: q and k norms of the head size in every layer, and with ``use_head_wise_attn_gate``
+* **Attention extras**: q and k norms of the head size in every layer (:mod:`sidecar.budget.layer_shape`),
+  and with ``use_head_wise_attn_gate``
   a gate of one output per query head (``g_proj``, hidden x heads; off by default in vLLM's config class).
 * **Experts** in the layers ``moe_layers_enum`` lists (a comma-separated string; vLLM's default without it:
   every layer but the first), a dense MLP of ``intermediate_size`` in the others; each MoE layer also holds
@@ -52,7 +53,7 @@ def attention_geometries(
             other_dim,
         )
     gate = cfg.get("use_head_wise_attn_gate") is True
-    return MimoLayers(full, sliding, sliding_sinks=False, qk_norm=True, head_wise_gate=gate)
+    return MimoLayers(full, sliding, sliding_sinks=False, head_wise_gate=gate)
 
 
 def step3p5_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:

@@ -14,6 +14,11 @@ layers or four, vocabulary 512), one per family whose layer the plan used to rea
   ``MiMoV2FlashForCausalLM`` builds every layer alike, so the sliding layers' key and value projections are
   rewritten at their own shape after saving. Keys and values keep one size: vLLM's CPU server has no
   attention backend for values narrower than keys (``*_DIFFKV`` need a GPU).
+* ``step``: Step 3.5's layout as Step-3.5-Flash's config gives it (vLLM's own ``Step3p5Config``; transformers
+  5.19 has no causal-LM class for it, so vLLM builds it with dummy weights from ``config.json`` alone):
+  ``attention_other_setting`` gives the sliding layers 8 query heads and 4 KV heads where the full ones have
+  4 and 2, ``num_attention_groups``, ``moe_layers_enum`` "2,3", ``share_expert_dim``, the per-head gate, and
+  ``layer_types`` padded with an MTP layer's entry.
 
 ``measure OUT``: load each in vLLM in-process (CPU, 1 GiB of KV, ``max_model_len`` 512) and print per run the
 names of the parameters vLLM built (the CPU backend repacks linear weights, so their sizes read 0 there: the
@@ -82,12 +87,31 @@ def _mimo_as_published(folder: Path) -> None:
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
+STEP: dict[str, Any] = {  # Step-3.5-Flash's fields at the tiny model's sizes
+    "architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5", "hidden_size": 128, "num_hidden_layers": 4,
+    "vocab_size": 512, "head_dim": 32, "num_attention_heads": 4, "num_attention_groups": 2,
+    "intermediate_size": 256, "moe_num_experts": 4, "moe_top_k": 2, "moe_intermediate_size": 64,
+    "share_expert_dim": 96, "moe_layers_enum": "2,3", "sliding_window": 64, "use_head_wise_attn_gate": True,
+    "attention_other_setting": {"attention_type": "sliding_attention", "num_attention_heads": 8,
+                                "num_attention_groups": 4, "head_dim": 32},
+    "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                    "sliding_attention"],
+    "num_nextn_predict_layers": 1, "rope_theta": [10000.0] * 5, "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}  # fmt: skip
+DUMMY = ("step",)  # built by vLLM from config.json with random weights (load_format "dummy")
+
+
 def make(tokenizer_dir: Path, root: Path) -> None:
     """The models (see the module docstring)."""
     for name, (config_class, model_class, extra) in MODELS.items():
         config = getattr(tf, config_class)(**(BASE | extra))
         inprocess.save_model(getattr(tf, model_class)(config), root / name, tokenizer_dir)
     _mimo_as_published(root / "mimo")
+    (root / "step").mkdir(parents=True, exist_ok=True)
+    (root / "step" / "config.json").write_text(json.dumps(STEP, indent=1))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (root / "step" / file).write_bytes((tokenizer_dir / file).read_bytes())
 
 
 def view(worker: Any) -> dict[str, Any]:
@@ -104,9 +128,9 @@ def view(worker: Any) -> dict[str, Any]:
 def measure(root: Path) -> None:
     """Print what the engine holds for each model."""
     common = {"max_model_len": 512, "dtype": "bfloat16", "max_num_seqs": 4}
-    inprocess.print_engines(
-        "FAMILIES", [(name, common | {"model": str(root / name)}) for name in MODELS], view
-    )
+    runs = [(name, common | {"model": str(root / name)}) for name in MODELS]
+    runs += [(name, common | {"model": str(root / name), "load_format": "dummy"}) for name in DUMMY]
+    inprocess.print_engines("FAMILIES", runs, view)
 
 
 if __name__ == "__main__":

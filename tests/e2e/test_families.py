@@ -9,7 +9,8 @@ parameter count must be the checkpoint's. Before: ERNIE 4.5's and EXAONE-MoE's e
 tiny ERNIE planned as a dense model), StarCoder2's and Arcee's MLPs were counted with a gate, StarCoder2's
 biases and LayerNorm biases were not counted, and MiMo-V2's sliding layers were planned at the full layers'
 two KV heads where vLLM gives them four (the full layers' page is then half, and vLLM gives them 256-token
-blocks).
+blocks). Step 3.5 (since 2026-12-07): experts in every layer, no shared expert or gate, the sliding layers at
+the full layers' heads, and its padded ``layer_types`` read as no list at all (every layer full).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from tests.harness.vllm import layer_index, made_and_measured
 
 pytestmark = pytest.mark.e2e
 PROBE = Path(__file__).with_name("families_probe.py")
-MODELS = ["ernie-moe", "starcoder2", "arcee", "exaone-moe", "mimo"]
+CHECKPOINTS = ["ernie-moe", "starcoder2", "arcee", "exaone-moe", "mimo"]
+MODELS = [*CHECKPOINTS, "step"]  # Step 3.5: built by vLLM from config.json, no checkpoint to count
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +84,35 @@ def test_each_layer_holds_what_the_plan_counts(engine: tuple[Path, Any], model: 
         assert _shape_of(_layer(names, index)) == _planned(arch, index), (model, index)
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_the_parameters_and_the_pool_are_the_engines(engine: tuple[Path, Any], model: str) -> None:
-    root, runs = engine
-    folder, run = root / model, runs[model]
-    arch = load_architecture(folder)
-    checkpoint = sum(tensor_bytes(folder).values()) // 2  # bf16
+@pytest.mark.parametrize("model", CHECKPOINTS)
+def test_the_parameters_are_the_checkpoints(engine: tuple[Path, Any], model: str) -> None:
+    root, _ = engine
+    arch = load_architecture(root / model)
+    checkpoint = sum(tensor_bytes(root / model).values()) // 2  # bf16
     # the routers' e_score_correction_bias (one per expert and MoE layer) is not counted
     router_biases = arch.moe.num_experts * arch.moe.moe_layer_count(arch.num_layers) if arch.moe else 0
     assert computed_parameter_count(arch) == checkpoint - router_biases
+
+
+def test_step_layers_hold_the_gate_and_the_shared_expert(engine: tuple[Path, Any]) -> None:
+    """Step 3.5: a per-head gate in every layer, a shared expert beside the experts of the listed layers."""
+    root, runs = engine
+    arch, names = load_architecture(root / "step"), runs["step"]["parameters"]
+    assert arch.mimo is not None
+    assert arch.mimo.head_wise_gate
+    for index in range(arch.num_layers):
+        layer = _layer(names, index)
+        assert "self_attn.g_proj.weight" in layer
+        assert any("share_expert" in n for n in layer) is (
+            arch.moe is not None and arch.moe.is_moe_layer(index)
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_pool_is_the_engines(engine: tuple[Path, Any], model: str) -> None:
+    root, runs = engine
+    folder, run = root / model, runs[model]
+    arch = load_architecture(folder)
     request = PlanRequest(
         architecture=arch, gpu_memory_bytes=24 * GIB, max_model_len=512, block_size=128,
         kv_cache_memory_bytes=GIB, async_scheduling=False,

@@ -42,8 +42,8 @@ def test_sliding_layers_take_their_own_heads_and_the_gate_follows_them() -> None
     arch = architecture_from_config(STEP35)
     assert arch.mimo is not None
     assert (arch.mimo.full.heads, arch.mimo.sliding.heads, arch.num_kv_heads) == (64, 96, 8)
-    sliding = arch.mimo.attention_parameters(4096, sliding=True)
-    full = arch.mimo.attention_parameters(4096, sliding=False)
+    sliding = arch.mimo.attention_parameters(4096, sliding=True, qk_norm=True)
+    full = arch.mimo.attention_parameters(4096, sliding=False, qk_norm=True)
     assert sliding - full == 32 * 128 * 4096 * 2 + 32 * 4096  # 32 more heads: q and o, and their gates
 
 
