@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from sidecar.budget.config_fields import first_int, read_config_file
+from sidecar.budget.config_fields import first_int, read_config_file, with_vllm_names
 from sidecar.budget.deepseek_v4 import V4Attention, v4_attention
 from sidecar.budget.defaults import transformers_defaults
 from sidecar.budget.dtypes import normalise_dtype, serving_dtype
@@ -271,7 +271,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
     """Build an :class:`Architecture` from the parsed contents of a ``config.json``."""
     if not isinstance(config, Mapping):
         raise ConfigError("config.json must hold a JSON object")
-    top = config
+    top = with_vllm_names(config)  # llm_config: InternVL's original checkpoints
     cfg: Mapping[str, Any] = _with_defaults(top)
     model_type = str(cfg.get("model_type") or top.get("model_type") or "unknown")
     blocks = cfg.get("layers_block_type")  # Nemotron-H as transformers 5 writes it: no num_hidden_layers

@@ -37,6 +37,20 @@ def int_field(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
     return default
 
 
+VLLM_ATTRIBUTE_RENAMES = {"llm_config": "text_config"}
+"""Top-level fields vLLM 0.32.0 reads under another name (``_CONFIG_ATTRS_MAPPING``,
+``vllm/transformers_utils/config.py``): InternVL's original checkpoints, NVLM-D and Nemotron Nano VL keep
+their language model under ``llm_config``."""
+
+
+def with_vllm_names(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` with the fields vLLM renames under the names it reads them by (a present name wins)."""
+    renamed = {
+        new: config[old] for old, new in VLLM_ATTRIBUTE_RENAMES.items() if old in config and new not in config
+    }
+    return {**config, **renamed} if renamed else config
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read and decode one ``config.json``, turning every failure into a one-line :class:`ConfigError`."""
     try:

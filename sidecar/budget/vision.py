@@ -55,7 +55,9 @@ that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-
   an output projection with a bias, optional q/k RMSNorms, fc1/fc2 with biases, two norms (``norm_type``)
   and two layer scales; a final LayerNorm unless mean pooling; the projector's LayerNorm over the pixel-
   shuffled width (``downsample_ratio``) and two linears with biases to the text width; ``qianfan_ocr``
-  (``QianfanOCRVisionModel``) is the same tree, with q/k/v biases by default;
+  (``QianfanOCRVisionModel``) is the same tree, with q/k/v biases by default, and so is InternVL's original
+  layout (``internvl_chat``: InternViT's ``qkv_bias`` and ``qk_normalization``, the ``mlp1`` projector, the
+  language model under ``llm_config``; vLLM 0.32.0 ``internvl.py`` and ``intern_vit.py``);
 * ``cohere2_vision`` (``Cohere2VisionModel``, transformers 5.19): a SigLIP tower with its attention-pooling
   head unless ``vision_use_head`` is false, and the projector over pixel-shuffled features: a linear with a
   bias to ``alignment_intermediate_size`` and, after its SwiGLU halves it, one to the text width;
@@ -155,6 +157,24 @@ def _internvl(
     merged = hidden * round(1 / ratio) ** 2 if isinstance(ratio, int | float) and ratio > 0 else 4 * hidden
     projector = 2 * merged + two_linears(merged, text_hidden, bias=True)  # a LayerNorm, then LLaVA's two
     return embed + _int(vision, "num_hidden_layers", default=24) * layer + final + projector
+
+
+def _internvl_chat(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """InternVL's original layout: InternViT under its own field names, and ``mlp1``.
+
+    ``InternVisionConfig``: no q/k/v bias, no q/k norms, RMSNorms unless the config says; vLLM 0.32.0 builds
+    ``num_hidden_layers + select_layer + 1`` layers for a negative ``select_layer``
+    (``InternVLChatModel._init_vision_model``).
+    """
+    layers, select = _int(vision, "num_hidden_layers", default=24), top.get("select_layer", -1)
+    if isinstance(select, int) and not isinstance(select, bool):
+        layers = layers + select + 1 if select < 0 else select + 1
+    renamed = {"norm_type": "rms_norm", **vision, "num_hidden_layers": layers}
+    renamed |= {
+        "attention_bias": vision.get("qkv_bias", False),
+        "use_qk_norm": vision.get("qk_normalization"),
+    }
+    return _internvl(top, renamed, text_hidden)
 
 
 def _cohere2_vision(config: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
@@ -309,6 +329,7 @@ _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
 """The image towers read from ``vision_config`` alone, by the top config's ``model_type``."""
 _TOWERS_READING_THE_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int], int]] = {
     "internvl": _internvl,  # downsample_ratio
+    "internvl_chat": _internvl_chat,  # downsample_ratio, select_layer
     "qianfan_ocr": lambda top, vision, text: _internvl(top, vision, text, qkv_bias_default=True),
     "cohere2_vision": _cohere2_vision,  # downsample_factor, alignment_intermediate_size
     "lfm2_vl": _lfm2_vl,  # downsample_factor, projector_hidden_size, its bias and LayerNorm

@@ -249,7 +249,7 @@ def _nemotron_h_omni(top: Mapping[str, Any], vision: Mapping[str, Any], text_hid
     shuffled = width * int(1 / _number(top, "downsample_ratio", 0.5)) ** 2
     projector_width = _int(top, "projector_hidden_size", default=4096)
     total = shuffled + shuffled * projector_width + projector_width * text_hidden + _radio(top, vision)
-    text = top.get("text_config") or top.get("llm_config") or {}
+    text = top.get("text_config") or {}  # llm_config in the original layout, renamed as vLLM does
     if isinstance(text, Mapping) and _int(text, "num_nextn_predict_layers") > 0:
         total += 2 * width  # vision_final_layernorm
     audio = top.get("audio_config") or top.get("sound_config")

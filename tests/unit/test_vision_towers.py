@@ -47,3 +47,43 @@ def test_a_newly_modelled_tower_is_counted_not_named() -> None:
     assert not any("tower is not in the parameter count" in note for note in ledger.notes)
     assert arch.vision_parameters == 434_120_192
     assert parameter_count(arch) == 807_479_808  # transformers 5.19's count, text layers' four norms included
+
+
+INTERNVL3_1B: dict[str, Any] = {  # OpenGVLab/InternVL3-1B's config as transformers printed it in a public notebook
+    "architectures": ["InternVLChatModel"], "model_type": "internvl_chat", "downsample_ratio": 0.5,
+    "force_image_size": 448, "hidden_size": 896, "select_layer": -1, "template": "internvl2_5",
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "llm_config": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+        "max_position_embeddings": 32768, "num_attention_heads": 14, "num_hidden_layers": 24,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": None,
+        "use_sliding_window": False, "vocab_size": 151674, "torch_dtype": "bfloat16",
+        "rope_scaling": {"factor": 2.0, "rope_type": "dynamic", "type": "dynamic"},
+    },
+    "vision_config": {
+        "architectures": ["InternVisionModel"], "model_type": "intern_vit_6b", "hidden_size": 1024,
+        "image_size": 448, "intermediate_size": 4096, "norm_type": "layer_norm", "num_attention_heads": 16,
+        "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14, "qk_normalization": False,
+        "qkv_bias": True, "layer_norm_eps": 1e-06,
+    },
+}  # fmt: skip
+
+
+def test_internvl_original_layout_plans_from_llm_config_with_its_tower() -> None:
+    """InternVL's original checkpoints (``internvl_chat``) keep the language model under ``llm_config``, which
+    vLLM 0.32.0 reads as ``text_config`` (``_CONFIG_ATTRS_MAPPING``): before, ``plan`` refused them ("lacks
+    num_hidden_layers"). The notebook's module tree gives the tower: InternViT-300M (a class token, Conv2d
+    patches with a bias, 1,025 positions; 24 layers of fused q/k/v and output projection with biases,
+    fc1/fc2, two LayerNorms, two layer scales) and ``mlp1`` (a LayerNorm of 4,096, 4,096 -> 896 -> 896)."""
+    arch = architecture_from_config(INTERNVL3_1B)
+    assert (arch.num_layers, arch.num_kv_heads, arch.hidden_size) == (24, 2, 896)
+    assert arch.vision_parameters == 1_653_760 + 24 * 12_598_272 + 4_482_816
+    assert parameter_count(arch) == 938_193_024  # the model card's 0.9B: tower 0.31B, Qwen2.5-0.5B's 0.63B
+
+
+def test_internvl_select_layer_drops_the_layers_vllm_does_not_build() -> None:
+    """vLLM builds ``num_hidden_layers + select_layer + 1`` InternViT layers for a negative ``select_layer``."""
+    full = architecture_from_config(INTERNVL3_1B).vision_parameters
+    cut = architecture_from_config(INTERNVL3_1B | {"select_layer": -4}).vision_parameters
+    assert full is not None
+    assert cut == full - 3 * 12_598_272
