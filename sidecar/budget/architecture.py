@@ -35,7 +35,7 @@ from sidecar.budget.layer_kinds import LayerKind, attention_chunk_size, layer_ki
 from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, layer_shape
 from sidecar.budget.longcat import ATTENTION_BLOCKS, LongcatLayers, longcat_layers
 from sidecar.budget.mimo import MimoLayers, sliding_window
-from sidecar.budget.moe import MoeSpec, moe_from_config
+from sidecar.budget.moe import TOP_K_FIELDS, MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
@@ -220,7 +220,7 @@ _KV_HEADS: tuple[str, ...] = ("n_head_kv", "num_kv_heads", "num_key_value_heads"
 _KV_HEADS += ("kv_n_heads", "num_attention_groups")  # the latter Step 3.5's (Step3p7TextConfig.attribute_map)
 _ALIASES = (
     ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
-    ("num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k"),
+    TOP_K_FIELDS,
     _KV_HEADS,
     ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
     ("num_attention_heads", "n_head", "n_heads"),
@@ -351,7 +351,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
         class_name=_class_name(top),
-        draft_layers=first_int(cfg, "num_nextn_predict_layers") or 0,
+        draft_layers=first_int(cfg, "num_nextn_predict_layers", "num_mtp_modules") or 0,  # MiniMax-M3: latter
         rope_key=json.dumps(
             [head_dim, rotary, max_positions, cfg.get("rope_theta"), _rope_parameters(cfg)], sort_keys=True
         ),

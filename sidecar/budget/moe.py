@@ -19,7 +19,14 @@ Llama 4 (``llama4_text``) is read as transformers 5.19 defines it (``models/llam
 * the other layers hold a gated MLP of ``intermediate_size_mlp`` (``Llama4TextMLP(config,
   intermediate_size=config.intermediate_size_mlp)``), not of ``intermediate_size``.
 
-Step 3.5 lists its MoE layers in ``moe_layers_enum`` and gives each one shared expert of
+Kimi Linear and Kimi K3 (vLLM 0.32.0 ``vllm/models/kimi_k3/nvidia/model.py``, ``KimiMoE``) count their
+experts per token in ``num_experts_per_token``; with tensor parallelism and no expert parallelism each GPU's
+share of an expert's width is padded up to ``min_moe_intermediate_per_partition`` (256): Kimi-Linear's 1,024
+wide experts take twice their share at TP 8. K3's routed experts run at ``routed_expert_hidden_size`` (a
+latent width), between a down and an up projection (and a norm with ``latent_moe_use_norm``) that every GPU
+holds whole.
+
+Step 3 and Step 3.5 list their MoE layers in ``moe_layers_enum`` and give each one shared expert of
 ``share_expert_dim`` (:mod:`sidecar.budget.step3p5`).
 
 ERNIE 4.5's MoE (``ernie4_5_moe``) names its fields apart: ``moe_num_experts``, ``moe_k``,
@@ -52,7 +59,7 @@ from typing import Any, Final, TypeGuard
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.gemma4 import GEMMA4_TYPES
 from sidecar.budget.mimo import MIMO_TYPES, moe_layer_freq
-from sidecar.budget.step3p5 import STEP3P5_TYPES, step3p5_moe_layers, step3p5_shared_width
+from sidecar.budget.step3p5 import STEP_MOE_TYPES, step3p5_moe_layers, step3p5_shared_width
 
 LLAMA4_TYPES: Final = frozenset({"llama4", "llama4_text"})
 _SHARED_GATE_TYPES = frozenset({"qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"})
@@ -64,6 +71,17 @@ _PER_LAYER = frozenset({"moe_topk", "num_experts", "moe_intermediate_size", "num
 entry stands for all, as the published lists are uniform."""
 LLAMA4_DENSE_INTERMEDIATE_DEFAULT: Final = 16384
 """``Llama4TextConfig.intermediate_size_mlp``'s default (transformers 5.19), for a config that omits it."""
+
+
+TOP_K_FIELDS: Final = ("num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k", "num_experts_per_token")
+"""Spellings of the experts a token is routed to (the last Kimi Linear's and K3's)."""
+MINIMAX_M3_TYPES: Final = frozenset({"minimax_m3_text", "minimax_m3_vl_text"})
+"""MiniMax-M3's language model: experts where ``moe_layer_freq`` says 1, dense layers of
+``dense_intermediate_size`` (vLLM 0.32.0 ``vllm/models/minimax_m3``; ``MiniMaxM3TextConfig``)."""
+KIMI_LINEAR_TYPES: Final = frozenset({"kimi_linear"})
+"""Kimi Linear's and Kimi K3's language model (vLLM 0.32.0 ``vllm/models/kimi_k3``, ``KimiMoE``)."""
+KIMI_MIN_WIDTH: Final = 256
+"""``KimiMoE``'s ``min_moe_intermediate_per_partition`` when the config has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +97,21 @@ class MoeSpec:
     moe_layers: tuple[int, ...] | None = None  # the MoE layers when not "every layer from dense_layers on"
     dense_intermediate_size: int | None = None  # the ordinary MLP's width when not intermediate_size
     shared_gate: bool = False  # Qwen2-MoE, Qwen3-Next, Qwen3.5: a hidden -> 1 gate on the shared expert
+    min_width_per_gpu: int = 0  # Kimi: one GPU's share of an expert's width is padded up to this (TP, no EP)
+    expert_hidden_size: int | None = None  # Kimi K3's latent MoE: experts at routed_expert_hidden_size
+    latent_norm: bool = False  # and an RMSNorm of that width between them (latent_moe_use_norm)
+
+    def padded_width(self, tensor_parallel_size: int, *, expert_parallel: bool) -> int:
+        """The expert width vLLM allocates (Kimi's padded: ``KimiMoE.padded_moe_intermediate_size``)."""
+        width, tp = self.expert_intermediate_size, tensor_parallel_size
+        if tp > 1 and not expert_parallel and width // tp < self.min_width_per_gpu:
+            return self.min_width_per_gpu * tp
+        return width
+
+    def latent_projection_parameters(self, hidden_size: int) -> int:
+        """A latent MoE layer's down and up projections (whole on every GPU) and its norm; else 0."""
+        latent = self.expert_hidden_size
+        return 2 * hidden_size * latent + (latent if self.latent_norm else 0) if latent else 0
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (from 0) holds experts rather than an ordinary MLP."""
@@ -124,9 +157,9 @@ def _listed_moe_layers(cfg: Mapping[str, Any], model_type: str, num_layers: int)
             moe_layers = tuple(i for i in range(num_layers) if i % period == offset)
     if model_type in ERNIE_MOE_TYPES:
         moe_layers = _ernie_moe_layers(cfg, num_layers)
-    if model_type in MIMO_TYPES:
+    if model_type in MIMO_TYPES or model_type in MINIMAX_M3_TYPES:
         moe_layers = moe_layer_freq(cfg) or moe_layers
-    if model_type in STEP3P5_TYPES:
+    if model_type in STEP_MOE_TYPES:
         moe_layers = step3p5_moe_layers(cfg, num_layers)
     kinds = cfg.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" (DeepSeek-V4: "moe") per layer
     if isinstance(kinds, list) and kinds and all(isinstance(kind, str) for kind in kinds):
@@ -149,7 +182,7 @@ def moe_from_config(
     expert_size = first_int(cfg, "moe_intermediate_size", "expert_ffn_hidden_size") or intermediate_size
     if model_type in HUNYUAN_MOE_TYPES:  # transformers' HunYuanMoEV1Experts: intermediate_size wide
         expert_size = shared_width = intermediate_size
-    top_k = first_int(cfg, "num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k") or 1
+    top_k = first_int(cfg, *TOP_K_FIELDS) or 1
     if model_type in LLAMA4_TYPES:
         return MoeSpec(
             num_experts=experts,
@@ -180,10 +213,11 @@ def moe_from_config(
         shared = 1
     shared_size = shared * (shared_width or expert_size)
     one_shared = first_int(cfg, "shared_expert_intermediate_size", "shared_intermediate_size")
-    if model_type in STEP3P5_TYPES:
-        one_shared = step3p5_shared_width(cfg, expert_size, top_k)
+    if model_type in STEP_MOE_TYPES:
+        one_shared = step3p5_shared_width(cfg, model_type, expert_size, top_k)
     if one_shared:
         shared, shared_size = 1, one_shared
+    kimi = model_type in KIMI_LINEAR_TYPES
     return MoeSpec(
         num_experts=experts,
         experts_per_token=top_k,
@@ -193,4 +227,10 @@ def moe_from_config(
         dense_layers=first_int(cfg, "first_k_dense_replace", "num_dense_layers") or 0,  # LFM2-MoE: the latter
         moe_layers=moe_layers,
         shared_gate=model_type in _SHARED_GATE_TYPES,
+        dense_intermediate_size=first_int(cfg, "dense_intermediate_size")
+        if model_type in MINIMAX_M3_TYPES
+        else None,
+        min_width_per_gpu=(first_int(cfg, "min_moe_intermediate_per_partition") or KIMI_MIN_WIDTH) * kimi,
+        expert_hidden_size=first_int(cfg, "routed_expert_hidden_size") if kimi else None,
+        latent_norm=kimi and cfg.get("latent_moe_use_norm") is True,
     )

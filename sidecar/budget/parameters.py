@@ -75,10 +75,10 @@ def _mlp_parameters(arch: Architecture, layer: int) -> int:
         width = dense_mlp_width(arch)
         biases = ((2 if gated else 1) * width + hidden) if arch.shape.mlp_bias else 0
         return matrices * hidden * width + biases + arch.shape.activation_parameters
-    experts = moe.num_experts * matrices * hidden * moe.expert_intermediate_size
+    experts = moe.num_experts * matrices * (moe.expert_hidden_size or hidden) * moe.expert_intermediate_size
     shared = matrices * hidden * moe.shared_intermediate_size + (hidden if moe.shared_gate else 0)
     router = hidden * moe.num_experts
-    return experts + shared + router
+    return experts + shared + router + moe.latent_projection_parameters(hidden)
 
 
 def _norm_parameters(arch: Architecture) -> int:
@@ -167,7 +167,8 @@ def expert_parameter_count(arch: Architecture) -> int:
     moe = arch.moe
     if moe is None:
         return 0
-    per_layer = moe.num_experts * _GATED_MLP_MATRICES * arch.hidden_size * moe.expert_intermediate_size
+    width = moe.expert_hidden_size or arch.hidden_size  # Kimi K3: its latent width
+    per_layer = moe.num_experts * _GATED_MLP_MATRICES * width * moe.expert_intermediate_size
     return per_layer * moe.moe_layer_count(arch.num_layers)
 
 

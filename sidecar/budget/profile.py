@@ -159,10 +159,12 @@ def _round_up(value: int, multiple: int) -> int:
 
 def _experts_on_one_gpu(request: PlanRequest) -> tuple[int, float]:
     """``(routed expert parameters, the share of them one GPU holds)``: :mod:`sidecar.budget.experts`."""
-    arch, placement = request.architecture, request.experts
-    if arch.moe is None or placement is None:
+    arch, placement, moe = request.architecture, request.experts, request.architecture.moe
+    if moe is None or placement is None:
         return 0, 0.0
-    return expert_parameter_count(arch), placement.share_of_experts(arch.moe.num_experts)
+    padded = moe.padded_width(request.tensor_parallel_size, expert_parallel=request.enable_expert_parallel)
+    share = placement.share_of_experts(moe.num_experts) * padded / moe.expert_intermediate_size  # Kimi's
+    return expert_parameter_count(arch), share
 
 
 def _expert_element(request: PlanRequest, dtype: str) -> float:
@@ -209,6 +211,11 @@ def loaded_weights_per_gpu(request: PlanRequest, params: int) -> int:
     dtype = request.effective_weight_dtype
     unquantised = weight_bytes_per_param("bf16")
     beside = rope_cache_bytes(request) + mla_absorbed_bytes(request) + indexer_replicas_bytes(request)
+    if arch.moe is not None and arch.moe.expert_hidden_size:  # Kimi K3's latent projections, whole per GPU
+        latent = arch.moe.latent_projection_parameters(arch.hidden_size) * arch.moe.moe_layer_count(
+            arch.num_layers
+        )
+        beside += round(latent * weight_bytes_per_param(dtype if dtype != "mxfp4" else "bf16") * (1 - 1 / tp))
     if dtype == "mxfp4":  # only the routed experts are MXFP4; attention, router and embeddings stay bf16
         experts = expert_parameter_count(arch)
         return beside + round((params - experts) * unquantised / tp + _mxfp4_expert_bytes_per_gpu(request))

@@ -12,7 +12,15 @@ from typing import Any
 
 
 def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
-    """The format ``quantization_config`` names: ``int4``, ``int8``, ``fp8``, ``mxfp4``, or ``None``."""
+    """The format ``quantization_config`` names: ``int4``, ``int8``, ``fp8``, ``mxfp4``, or ``None``.
+
+    A config without one at the top level is read from its ``text_config``, as vLLM 0.32.0 does for
+    multimodal models (``get_quantization_config``, ``transformers_utils/model_arch_config_convertor.py``;
+    Kimi K3 publishes its quantisation there).
+    """
+    text = cfg.get("text_config")
+    if "quantization_config" not in cfg and isinstance(text, Mapping):
+        cfg = text
     quant = cfg.get("quantization_config")
     if not isinstance(quant, Mapping):
         return None

@@ -31,6 +31,10 @@ from sidecar.budget.mimo import AttentionHeads, MimoLayers, mimo_layers
 
 STEP3P5_TYPES: Final = frozenset({"step3p5"})
 """Step 3.5's ``model_type``, also that of Step 3.7's ``text_config``."""
+STEP_MOE_TYPES: Final = STEP3P5_TYPES | {"step3_text"}
+"""Step 3's and Step 3.5's language models: experts where ``moe_layers_enum`` says, a shared expert each
+(``step3_text.py``: ``share_expert_dim``, 5,120 when absent, ``Step3TextConfig``)."""
+STEP3_SHARED_WIDTH: Final = 5120
 
 
 def attention_geometries(
@@ -65,6 +69,7 @@ def step3p5_moe_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, ..
     return tuple(sorted({int(i) for i in items if str(i).strip().isdigit() and int(i) < num_layers}))
 
 
-def step3p5_shared_width(cfg: Mapping[str, Any], expert_width: int, top_k: int) -> int:
-    """One MoE layer's shared expert: ``share_expert_dim``, else ``Step3p5Config``'s default."""
-    return first_int(cfg, "share_expert_dim", "share_expert_dims") or expert_width * top_k
+def step3p5_shared_width(cfg: Mapping[str, Any], model_type: str, expert_width: int, top_k: int) -> int:
+    """One MoE layer's shared expert: ``share_expert_dim``, else its config class's default."""
+    default = STEP3_SHARED_WIDTH if model_type == "step3_text" else expert_width * top_k  # Step3p5Config's
+    return first_int(cfg, "share_expert_dim", "share_expert_dims") or default

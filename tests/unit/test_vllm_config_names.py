@@ -1,0 +1,48 @@
+"""Configs under the names vLLM 0.32.0's own config classes give them (``vllm/transformers_utils/configs``).
+
+For these families vLLM reads the published checkpoints' own spellings, which transformers' classes (whose
+defaults fill what a config omits) do not share; a default standing in for a field the config spells
+otherwise is planned silently wrong. Step 3's ``moe_layers_enum`` and ``share_expert_dim`` (``Step3TextConfig``
+and ``step3_text.py``) were not read: all 61 layers held experts and none a shared expert (338.79B planned
+where vLLM builds 316.29B). DeepSeek-V4.1's compressed caches are not modelled; the plan says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.budget import architecture_from_config, parameter_count
+
+STEP3_TEXT: dict[str, Any] = {  # Step3TextConfig's defaults, moe_layers_enum as the checkpoints write it
+    "architectures": ["Step3TextForCausalLM"], "model_type": "step3_text", "hidden_size": 7168,
+    "intermediate_size": 18432, "num_attention_heads": 64, "num_attention_groups": 1, "num_hidden_layers": 61,
+    "vocab_size": 128815, "moe_intermediate_size": 5120, "moe_num_experts": 48, "moe_top_k": 3,
+    "share_q_dim": 2048, "head_dim": 256, "moe_layers_enum": ",".join(str(i) for i in range(4, 60)),
+}  # fmt: skip
+
+
+def test_step3_experts_and_shared_expert_where_vllm_builds_them() -> None:
+    arch = architecture_from_config(STEP3_TEXT)
+    assert arch.moe is not None
+    assert arch.moe.moe_layers == tuple(range(4, 60))
+    assert (arch.moe.shared_experts, arch.moe.shared_intermediate_size) == (
+        1,
+        5120,
+    )  # share_expert_dim's default
+    assert (arch.moe.num_experts, arch.moe.experts_per_token, arch.num_kv_heads) == (48, 3, 1)
+
+
+def test_step3_query_bottleneck_is_named_and_the_rest_counts() -> None:
+    """vLLM's 316.29B; the plan's 4.22B beyond it is the query bottleneck, which its note names."""
+    arch = architecture_from_config(STEP3_TEXT)
+    assert abs(parameter_count(arch) - (316.29e9 + 4.22e9)) < 0.02e9
+    assert any("share_q_dim" in feature for feature in arch.unmodelled_features)
+
+
+def test_deepseek_v41_compressed_caches_are_named() -> None:
+    config = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": {
+        "model_type": "deepseek_v41_text", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 64,
+        "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "sliding_window": 128,
+        "compress_ratios": [0, 0, *[2] * 18, *[1] * 20], "kv_source_layer_ids": [2, 8, 14, 20]}}  # fmt: skip
+    features = architecture_from_config(config).unmodelled_features
+    assert any("DeepSeek-V4.1's compressed caches" in feature for feature in features)
