@@ -126,6 +126,13 @@ def _declared_kinds(  # noqa: PLR0911 - one return per family rule reads best
     cfg: Mapping[str, Any], model_type: str, num_layers: int
 ) -> tuple[LayerKind, ...] | None:
     """Kinds a config declares layer by layer (lists, patterns, periods), ``None`` when it declares none."""
+    group = first_int(cfg, "layer_group_size")  # Bailing V3: vLLM's _is_kda_layer (bailing_moe_v3.py)
+    if model_type == "bailing_hybrid" and group:  # attends each group's last layer; layer_types unread
+        last = num_layers // group * group
+        return tuple(
+            LayerKind.FULL if (i + 1) % group == 0 or i >= last else LayerKind.STATE
+            for i in range(num_layers)
+        )
     layer_types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if model_type in STEP3P5_TYPES and isinstance(layer_types, list):  # MTP layers' entries padded on
         layer_types = layer_types[:num_layers]  # vLLM 0.32.0's Step3p5Config keeps the model's

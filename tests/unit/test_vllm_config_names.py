@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.budget import architecture_from_config, parameter_count
+from sidecar.budget.layer_kinds import LayerKind
 
 STEP3_TEXT: dict[str, Any] = {  # Step3TextConfig's defaults, moe_layers_enum as the checkpoints write it
     "architectures": ["Step3TextForCausalLM"], "model_type": "step3_text", "hidden_size": 7168,
@@ -46,3 +47,22 @@ def test_deepseek_v41_compressed_caches_are_named() -> None:
         "compress_ratios": [0, 0, *[2] * 18, *[1] * 20], "kv_source_layer_ids": [2, 8, 14, 20]}}  # fmt: skip
     features = architecture_from_config(config).unmodelled_features
     assert any("DeepSeek-V4.1's compressed caches" in feature for feature in features)
+
+
+BAILING_TEXT: dict[str, Any] = {  # BailingMoeV3VLConfig's text model, without the layer_types list
+    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
+    "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "first_k_dense_replace": 1, "head_dim": 128,
+    "layer_group_size": 5, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+}  # fmt: skip
+
+
+def test_bailing_attends_every_layer_group_size_th_layer() -> None:
+    """vLLM 0.32.0 (``bailing_moe_v3.py``, ``_is_kda_layer``) attends the last layer of each group of
+    ``layer_group_size`` and any left over, whatever ``layer_types`` says; the rest are linear attention.
+    Without the list all 20 layers were planned as MLA (five times the KV)."""
+    config = {"architectures": ["BailingMoeV3VLForConditionalGeneration"], "model_type": "bailing_moe_v3_vl",
+              "text_config": BAILING_TEXT}  # fmt: skip
+    kinds = architecture_from_config(config).layer_kinds
+    assert [i for i, kind in enumerate(kinds) if kind is LayerKind.FULL] == [4, 9, 14, 19]
