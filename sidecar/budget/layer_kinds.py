@@ -19,6 +19,9 @@ transformers 5.19 config classes supply what a published config omits):
   ``ALL_DECODER_LAYER_TYPES[config.layers_block_type[i]]``).
 * Kimi Linear: ``linear_attn_config.kda_layers`` lists the (1-based) KDA layers, the rest attend
   (``KimiLinearConfig.is_kda_layer``, ``vllm/transformers_utils/configs/kimi_linear.py``).
+* Bailing V3 (``bailing_hybrid``): the last layer of each ``layer_group_size`` group and any left over attend,
+  the rest are KDA, whatever ``layer_types`` says (``_is_kda_layer``, ``bailing_moe_v3.py``, vLLM 0.32.0).
+* Step 3.5: ``layer_types`` padded with the MTP layers' entries is cut to the model (``Step3p5Config``).
 * Falcon-H1 attends in every layer and runs a Mamba2 mixer beside it (:func:`parallel_state_layers`).
 * Sliding windows: Qwen2-family windows only with ``use_sliding_window`` (from ``max_window_layers`` on);
   Gemma 2 alternates, Gemma 3 windows five layers of six; any other model with a ``sliding_window`` and
