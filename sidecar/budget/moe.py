@@ -78,6 +78,10 @@ TOP_K_FIELDS: Final = ("num_experts_per_tok", "moe_topk", "moe_k", "moe_top_k", 
 MINIMAX_M3_TYPES: Final = frozenset({"minimax_m3_text", "minimax_m3_vl_text"})
 """MiniMax-M3's language model: experts where ``moe_layer_freq`` says 1, dense layers of
 ``dense_intermediate_size`` (vLLM 0.32.0 ``vllm/models/minimax_m3``; ``MiniMaxM3TextConfig``)."""
+_FIRST_DENSE: Final = {"hy_v4": 1}
+"""Leading dense layers of a config that neither lists its layers' MLPs nor counts them: HY-V4's one
+(``HYV4Config.__post_init__`` fills ``mlp_layer_types`` so, in transformers 5.19 and vLLM 0.32.0); LFM2-MoE
+counts its own in ``num_dense_layers``."""
 KIMI_LINEAR_TYPES: Final = frozenset({"kimi_linear"})
 """Kimi Linear's and Kimi K3's language model (vLLM 0.32.0 ``vllm/models/kimi_k3``, ``KimiMoE``)."""
 KIMI_MIN_WIDTH: Final = 256
@@ -224,7 +228,8 @@ def moe_from_config(
         expert_intermediate_size=expert_size,
         shared_experts=shared,
         shared_intermediate_size=shared_size,
-        dense_layers=first_int(cfg, "first_k_dense_replace", "num_dense_layers") or 0,  # LFM2-MoE: the latter
+        dense_layers=first_int(cfg, "first_k_dense_replace", "num_dense_layers")
+        or _FIRST_DENSE.get(model_type, 0),
         moe_layers=moe_layers,
         shared_gate=model_type in _SHARED_GATE_TYPES,
         dense_intermediate_size=first_int(cfg, "dense_intermediate_size")

@@ -13,6 +13,7 @@ from typing import Any
 
 from sidecar.budget import architecture_from_config, parameter_count
 from sidecar.budget.layer_kinds import LayerKind
+from sidecar.budget.moe import moe_from_config
 
 STEP3_TEXT: dict[str, Any] = {  # Step3TextConfig's defaults, moe_layers_enum as the checkpoints write it
     "architectures": ["Step3TextForCausalLM"], "model_type": "step3_text", "hidden_size": 7168,
@@ -66,3 +67,12 @@ def test_bailing_attends_every_layer_group_size_th_layer() -> None:
               "text_config": BAILING_TEXT}  # fmt: skip
     kinds = architecture_from_config(config).layer_kinds
     assert [i for i, kind in enumerate(kinds) if kind is LayerKind.FULL] == [4, 9, 14, 19]
+
+
+def test_hy_v4_without_its_mlp_list_keeps_the_first_layer_dense() -> None:
+    """``HYV4Config.__post_init__`` (transformers 5.19 and vLLM 0.32.0) fills ``mlp_layer_types`` with one
+    dense layer first; the planner's defaults hold no lists, so layer 0 was planned with experts (+1.6B)."""
+    moe = moe_from_config({"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+                          "hy_v4", 3072, 8)  # fmt: skip
+    assert moe is not None
+    assert [moe.is_moe_layer(i) for i in range(3)] == [False, True, True]
