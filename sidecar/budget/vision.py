@@ -6,7 +6,7 @@ the family, term by term, and the tests check each against the model transformer
 (``tests/data/hf-configs/transformers-reference.json`` for the corpus configs, the defaults sweep's
 ``tests/data/transformers-defaults-sweep.json`` for every family vLLM 0.32 serves, and
 ``tests/data/vision-tower-variants.json`` for configs that change each field a tower reads). The towers
-that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-H Omni) are in
+that embed video (the Qwen-VL line, ERNIE 4.5-VL, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-H Omni) are in
 :mod:`sidecar.budget.vision_video`; the image towers here:
 
 * ``blip-2`` (``Blip2VisionModel``, ``Blip2QFormerModel``): a ViT with a class token, q/k/v in one
@@ -16,10 +16,10 @@ that embed video (the Qwen-VL line, GLM, EXAONE 4.5, MiniMax-M3, Muse, Nemotron-
 * ``step3p7`` (``Step3p7VisionModel``): a Conv2d patch embedding without bias, positions, a pre-LayerNorm,
   CLIP-like layers with two layer scales, two 3 x 3 downsampling convolutions and a projection from
   ``4 x hidden`` (the legacy ``width`` and ``layers`` win, as transformers reads them);
-* ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2
+* ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2``
   is Gemma 3's tower and projector;
 * SigLIP-like towers without the attention-pooling head, each with its own defaults: ``paddleocr_vl``
-  (``PaddleOCRVisionModel``; its projector an LayerNorm and two linears with biases over the merged width),
+  (``PaddleOCRVisionModel``; its projector a LayerNorm and two linears with biases over the merged width),
   ``cosmos3_edge`` (SigLIP 2's linear patches; ``Cosmos3EdgePatchMerger``: a LayerNorm and two linears with
   biases through ``projector_hidden_size``), ``aria`` (Idefics3's tower; ``AriaProjector``: a query table of
   the largest ``projector_patch_to_query_dict`` value, or the stored
