@@ -14,11 +14,12 @@ and transformers 5.19's ``Step3p7TextConfig`` (``models/step3p7``), which reads 
 * **Per-layer lists longer than the model.** The checkpoints pad ``layer_types`` with their MTP layers'
   entries; ``Step3p5Config`` keeps the first ``num_hidden_layers``.
 * **Attention extras**: q and k norms of the head size in every layer (:mod:`sidecar.budget.layer_shape`),
-  and with ``use_head_wise_attn_gate``
-  a gate of one output per query head (``g_proj``, hidden x heads; off by default in vLLM's config class).
+  and with ``use_head_wise_attn_gate`` a gate of one output per query head (``g_proj``, hidden x heads; off
+  by default in vLLM's config class).
 * **Experts** in the layers ``moe_layers_enum`` lists (a comma-separated string; vLLM's default without it:
   every layer but the first), a dense MLP of ``intermediate_size`` in the others; each MoE layer also holds
-  one shared expert of ``share_expert_dim`` (default ``moe_intermediate_size x moe_top_k``).
+  one shared expert of ``share_expert_dim`` (default ``moe_intermediate_size x moe_top_k``; Step 3's
+  ``step3_text.py`` follows the same rules, its shared expert 5,120 wide by default).
 """
 
 from __future__ import annotations
