@@ -24,6 +24,11 @@ def first_int(cfg: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
+def as_number(value: object) -> float | None:
+    """``value`` as a float when it is a number (not a bool), else ``None``."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def int_field(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
     """The first of ``keys`` that ``cfg`` holds as an integer (not a bool), else ``default``.
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from sidecar.budget.config_fields import first_int
+from sidecar.budget.config_fields import as_number, first_int
 from sidecar.budget.deepseek_v4 import v4_attention
 
 NO_ROPE_TYPES: Final = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt"})
@@ -41,16 +41,12 @@ FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4"})
 _TWO_TABLE_TYPES: Final = frozenset({"gemma3", "gemma3_text"})
 
 
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def _positions(rope: Mapping[str, Any] | None, max_positions: int) -> int:
     if rope is None:
         return max_positions
     kind = str(rope.get("rope_type") or rope.get("type") or "default")
-    factor = _number(rope.get("factor"))
-    original = _number(rope.get("original_max_position_embeddings"))
+    factor = as_number(rope.get("factor"))
+    original = as_number(rope.get("original_max_position_embeddings"))
     if kind in {"yarn", "deepseek_yarn"} and factor and original:
         return int(original * factor)
     if kind == "linear" and factor:
@@ -77,9 +73,9 @@ def rope_cache_elements(
     if isinstance(cfg.get("rotary_dim"), int):  # GPT-J
         dim = int(cfg["rotary_dim"])
     else:
-        nested = [_number(rope.get("partial_rotary_factor")) for rope in ropes]
-        factor = _number(cfg.get("partial_rotary_factor")) or next(filter(None, nested), None)
-        factor = factor or _number(cfg.get("rotary_pct")) or 1.0  # GPT-NeoX: rotary_pct
+        nested = [as_number(rope.get("partial_rotary_factor")) for rope in ropes]
+        factor = as_number(cfg.get("partial_rotary_factor")) or next(filter(None, nested), None)
+        factor = factor or as_number(cfg.get("rotary_pct")) or 1.0  # GPT-NeoX: rotary_pct
         dim = int(rotary_dim * factor)
     tables = [_positions(rope, max_positions) for rope in ropes] or [max_positions]
     if model_type in _TWO_TABLE_TYPES and len(tables) == 1:

@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sidecar.budget.config_fields import as_number
 from sidecar.budget.config_fields import int_field as _int
 from sidecar.budget.vision_blocks import clip_layer
 
@@ -189,12 +190,7 @@ def _muse_glimmer(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden
     return tower + out * projector + projector * projector + projector * text_hidden
 
 
-def _number(cfg: Mapping[str, Any], key: str, default: float) -> float:
-    value = cfg.get(key)
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
-
-
-def _radio(top: Mapping[str, Any], vision: Mapping[str, Any]) -> int:
+def _radio(vision: Mapping[str, Any]) -> int:
     """RADIO (``RadioConfig``'s defaults), with its video patch projection."""
     width, heads = _int(vision, "hidden_size", default=1280), _int(vision, "num_attention_heads", default=16)
     inner_width = heads * _int(vision, "head_dim", default=width // heads)
@@ -204,7 +200,7 @@ def _radio(top: Mapping[str, Any], vision: Mapping[str, Any]) -> int:
     tokens = _int(vision, "num_cls_tokens", default=3) + _int(vision, "num_registers", default=7)
     positions = (_int(vision, "max_img_size", default=2048) // patch) ** 2
     embeddings = (1 + video) * patch_dim * width + positions * width
-    inner = int(width * _number(vision, "mlp_ratio", 4.0))
+    inner = int(width * (as_number(vision.get("mlp_ratio")) or 4.0))
     if vision.get("use_swiglu_ffn", False):
         inner = (int(inner * 2 / 3) + 7) // 8 * 8
         mlp = 3 * width * inner + 2 * inner + width
@@ -246,9 +242,9 @@ def _parakeet(audio: Mapping[str, Any], text_hidden: int) -> int:
 
 def _nemotron_h_omni(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
     width = _int(top, "vision_hidden_size", "vit_hidden_size", default=1280)
-    shuffled = width * int(1 / _number(top, "downsample_ratio", 0.5)) ** 2
+    shuffled = width * int(1 / (as_number(top.get("downsample_ratio")) or 0.5)) ** 2
     projector_width = _int(top, "projector_hidden_size", default=4096)
-    total = shuffled + shuffled * projector_width + projector_width * text_hidden + _radio(top, vision)
+    total = shuffled + shuffled * projector_width + projector_width * text_hidden + _radio(vision)
     text = top.get("text_config") or {}  # llm_config in the original layout, renamed as vLLM does
     if isinstance(text, Mapping) and _int(text, "num_nextn_predict_layers") > 0:
         total += 2 * width  # vision_final_layernorm
