@@ -222,6 +222,7 @@ def moe_from_config(
     if one_shared:
         shared, shared_size = 1, one_shared
     kimi = model_type in KIMI_LINEAR_TYPES
+    floor = (first_int(cfg, "min_moe_intermediate_per_partition") or KIMI_MIN_WIDTH) if kimi else 0
     return MoeSpec(
         num_experts=experts,
         experts_per_token=top_k,
@@ -235,9 +236,7 @@ def moe_from_config(
         dense_intermediate_size=first_int(cfg, "dense_intermediate_size")
         if model_type in MINIMAX_M3_TYPES
         else None,
-        min_width_per_gpu=(first_int(cfg, "min_moe_intermediate_per_partition") or KIMI_MIN_WIDTH)
-        if kimi
-        else 0,
+        min_width_per_gpu=floor,
         expert_hidden_size=first_int(cfg, "routed_expert_hidden_size") if kimi else None,
         latent_norm=kimi and cfg.get("latent_moe_use_norm") is True,
     )
