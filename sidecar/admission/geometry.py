@@ -60,7 +60,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class WindowGroups:
-    """Windowed KV cache groups with a block of their own (DeepSeek-V4's windows and compressor states)."""
+    """Windowed KV cache groups with a block of their own (DeepSeek-V4's windows and compressor states).
+
+    DeepSeek-V4.1's compressor rings are such groups with a cap of one block.
+    """
 
     groups: int
     block: int  # tokens a block holds

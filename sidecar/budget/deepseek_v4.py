@@ -46,16 +46,14 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.dtypes import normalise_dtype
-from sidecar.budget.kv_groups import KvGroups, sliding_window_blocks
-
-if TYPE_CHECKING:
-    from sidecar.budget.ledger import PlanRequest
+from sidecar.budget.kv_groups import sliding_window_blocks
 
 V4_TYPES: Final = frozenset({"deepseek_v4"})
+V41_TYPES: Final = frozenset({"deepseek_v41", "deepseek_v41_text"})  # :mod:`sidecar.budget.deepseek_v41`
 BLOCK_SIZE: Final = 256  # the only kernel block of the sparse-MLA and indexer backends (GPU and CPU alike)
 SWA_BLOCK: Final = 64  # DeepseekV4SWACache's block_size
 STATE_BYTES_DS_MLA: Final = 584  # fp8_ds_mla: 448 FP8 + 64 bf16 RoPE values + 8 scale bytes
@@ -78,7 +76,7 @@ NO_KERNEL_GPU_NAMES: Final = ("v100", "t4", "a100", "a10", "a30", "a40", "a6000"
 class V4Attention:
     """DeepSeek-V4's attention as its config gives it (see the module docstring)."""
 
-    ratios: tuple[int, ...]  # per decoder layer: 1 (window only), 4 or 128
+    ratios: tuple[int, ...]  # per decoder layer: 1 (window only), 4 or 128; V4.1: 0 (window only), 1 or 2
     head_dim: int  # the latent a state holds (512)
     index_head_dim: int  # the indexer's keys (128)
     window: int  # sliding_window
@@ -88,6 +86,19 @@ class V4Attention:
     index_heads: int = 64
     hc_mult: int = 4  # hyper-connections: streams of the residual
     mxfp4_experts: bool = True  # expert_dtype "fp4" (vLLM's default when absent): MXFP4 experts under FP8
+    kv_sources: tuple[int, ...] | None = None  # V4.1: the layers that own a compressed cache (None: V4)
+    index_sources: tuple[int, ...] = ()  # V4.1: the layers that run an indexer
+    engram_layers: tuple[int, ...] = ()  # V4.1: the layers with n-gram tables (sidecar.budget.deepseek_v41)
+    engram_rows: tuple[int, ...] = ()  # their tables' rows (engram_num_embeddings)
+    engram_width: int = 0  # a row's values (engram_head_dim) ...
+    engram_columns: int = (
+        0  # ... and the hashes a token looks up: (engram_max_ngram_size - 1) x engram_n_heads
+    )
+
+    @property
+    def v41(self) -> bool:
+        """Whether this is DeepSeek-V4.1's layout (compressed caches shared from ``kv_sources``)."""
+        return self.kv_sources is not None
 
     def layer_parameters(self, hidden: int, heads: int, ratio: int) -> int:
         """A layer's attention, compressors, indexer and hyper-connections, as transformers 5.19 builds them.
@@ -138,7 +149,9 @@ def _compressor_parameters(hidden: int, head_dim: int, ratio: int) -> int:
 
 
 def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4Attention | None:
-    """DeepSeek-V4's compressed attention if ``cfg`` is one (defaults filled), else ``None``."""
+    """DeepSeek-V4's or V4.1's compressed attention if ``cfg`` is one (defaults filled), else ``None``."""
+    if model_type in V41_TYPES:
+        return _v41_attention(cfg, num_layers)
     if model_type not in V4_TYPES:
         return None
     ratios = cfg.get("compress_ratios")
@@ -162,6 +175,37 @@ def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4
     )
 
 
+def _ints(cfg: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    values = cfg.get(key)
+    return tuple(int(v) for v in values) if isinstance(values, list) else ()
+
+
+def _v41_attention(cfg: Mapping[str, Any], num_layers: int) -> V4Attention:
+    """DeepSeek-V4.1 (``DeepseekV41Config``, vLLM 0.32.0): ratios 0, 1 or 2 as published, past the list 0."""
+    ratios = _ints(cfg, "compress_ratios")[:num_layers]
+    quantization = cfg.get("quantization_config")
+    expert_dtype = cfg.get("expert_dtype") or (quantization or {}).get("expert_dtype", "fp4")
+    return V4Attention(
+        ratios=ratios + (0,) * (num_layers - len(ratios)),
+        head_dim=first_int(cfg, "head_dim") or 512,
+        index_head_dim=first_int(cfg, "index_head_dim") or 128,
+        window=first_int(cfg, "sliding_window") or 128,
+        q_lora_rank=first_int(cfg, "q_lora_rank") or 1024,
+        o_lora_rank=first_int(cfg, "o_lora_rank") or 1024,
+        o_groups=first_int(cfg, "o_groups") or 8,
+        index_heads=first_int(cfg, "index_n_heads") or 64,
+        hc_mult=first_int(cfg, "hc_mult") or 1,
+        mxfp4_experts=expert_dtype == "fp4",
+        kv_sources=tuple(i for i in _ints(cfg, "kv_source_layer_ids") if i < num_layers),
+        index_sources=tuple(i for i in _ints(cfg, "index_source_layer_ids") if i < num_layers),
+        engram_layers=_ints(cfg, "engram_layer_ids"),
+        engram_rows=_ints(cfg, "engram_num_embeddings"),
+        engram_width=first_int(cfg, "engram_head_dim") or 0,
+        engram_columns=max(0, (first_int(cfg, "engram_max_ngram_size") or 1) - 1)
+        * (first_int(cfg, "engram_n_heads") or 0),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CacheLayer:
     """One layer's cache as vLLM specifies it: tokens a block holds, bytes a block takes, window if any."""
@@ -169,9 +213,11 @@ class CacheLayer:
     block: int
     page: int
     window: int | None  # None: full attention (every token kept, compressed or not)
+    ring: bool = False  # a ring of one block per request whatever its length (CircularBufferSpec)
 
 
-def _page(states: int, state_bytes: int, alignment: int) -> int:
+def page_bytes(states: int, state_bytes: int, alignment: int) -> int:
+    """``states`` records of ``state_bytes``, padded to ``alignment`` (``_apply_alignment_padding``)."""
     return -(-states * state_bytes // alignment) * alignment
 
 
@@ -190,18 +236,18 @@ def cache_layers(
     index_bytes = INDEXER_MXFP4_BYTES if indexer_fp4 else INDEXER_FP8_BYTES
     layers: list[CacheLayer] = []
     for ratio in attention.ratios:
-        layers.append(CacheLayer(SWA_BLOCK, _page(SWA_BLOCK, state_bytes, align), attention.window))
+        layers.append(CacheLayer(SWA_BLOCK, page_bytes(SWA_BLOCK, state_bytes, align), attention.window))
         if ratio == 1:
             continue
-        layers.append(CacheLayer(block_size, _page(block_size // ratio, state_bytes, align), None))
+        layers.append(CacheLayer(block_size, page_bytes(block_size // ratio, state_bytes, align), None))
         coff = 2 if ratio == 4 else 1
         state_block = _STATE_BLOCK[ratio]
         compressors = [attention.head_dim]
         if ratio == 4:
-            layers.append(CacheLayer(block_size, _page(block_size // 4, index_bytes, align), None))
+            layers.append(CacheLayer(block_size, page_bytes(block_size // 4, index_bytes, align), None))
             compressors.append(attention.index_head_dim)
         for head_dim in compressors:
-            page = _page(state_block, 2 * coff * head_dim * _FLOAT32, align)
+            page = page_bytes(state_block, 2 * coff * head_dim * _FLOAT32, align)
             layers.append(CacheLayer(state_block, page, coff * ratio))
     return layers
 
@@ -213,9 +259,12 @@ class PackedGroup:
     block: int
     window: int | None
     page: int
+    ring: bool = False  # one block per request whatever its length
 
     def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
         """Blocks a full-length request holds in this group."""
+        if self.ring:
+            return 1
         if self.window is None:
             return math.ceil(max_model_len / self.block)
         return sliding_window_blocks(self.window, in_flight_tokens, max_model_len, self.block)
@@ -235,7 +284,7 @@ class PackedPool:
     @property
     def bytes_per_token(self) -> float:
         """What a token adds beyond the windows: the full-attention groups' pages over their blocks."""
-        return sum(g.page / g.block for g in self.groups if g.window is None)
+        return sum(g.page / g.block for g in self.groups if g.window is None and not g.ring)
 
 
 def approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
@@ -251,26 +300,42 @@ def approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
 def pack(layers: Sequence[CacheLayer]) -> PackedPool:
     """The groups and stride ``_get_packed_kv_cache_groups`` gives these caches (see the module docstring).
 
-    Without ratio-4 layers there is no mixed bucket to repeat, and vLLM 0.32.0 refuses to start
+    A state bucket (rings, and windows when nothing repeats: V4.1) is split into as many groups as it takes
+    for each to fit the widest other group's page ("cap a state group at the states a block already fits").
+    Without ratio-4 layers DeepSeek-V4 has no mixed bucket to repeat, and vLLM 0.32.0 refuses to start
     (``NotImplementedError``: "page size is not divisible by the maximum page size", on the CPU server); every
     published DeepSeek-V4 has them.
     """
-    buckets: dict[tuple[int, int | None], Counter[int]] = {}  # (block, window): layers per page size
+    buckets: dict[tuple[int, int | None, bool], Counter[int]] = {}  # (block, window, ring): layers per page
     for layer in layers:
-        buckets.setdefault((layer.block, layer.window), Counter())[layer.page] += 1
+        buckets.setdefault((layer.block, layer.window, layer.ring), Counter())[layer.page] += 1
     balanced = {key: len(set(pages.values())) == 1 for key, pages in buckets.items()}
     floor = max((max(p.values()) for k, p in buckets.items() if balanced[k] and len(p) > 1), default=0)
     repeats = (
         approximate_gcd([max(p.values()) for k, p in buckets.items() if balanced[k]], floor) if floor else 0
     )
+
+    def split_of(key: tuple[int, int | None, bool]) -> int:
+        return math.ceil(max(buckets[key].values()) / repeats) if balanced[key] and repeats else 1
+
+    def is_state(key: tuple[int, int | None, bool]) -> bool:
+        return key[2] or (not repeats and key[1] is not None)
+
+    def widest(pages: Counter[int], split: int) -> int:
+        return sum(math.ceil(count / split) * size for size, count in pages.items())
+
+    anchor = max(widest(p, sum(p.values()) if is_state(k) else split_of(k)) for k, p in buckets.items())
     groups: list[PackedGroup] = []
-    for (block, window), pages in buckets.items():
+    for (block, window, ring), pages in buckets.items():
+        split = split_of((block, window, ring))
+        if is_state((block, window, ring)):
+            states_per_block = max(anchor // next(iter(pages)), 1)
+            split = max(split, math.ceil(sum(pages.values()) / states_per_block))
         repeated = max(pages.values())
-        split = math.ceil(repeated / repeats) if balanced[(block, window)] and repeats else 1
         for i in range(split):  # group i takes repeats i, i + split, ...: one layer of each page size each
             share = len(range(i, repeated, split))
             page = sum((share if split > 1 else count) * size for size, count in pages.items())
-            groups.append(PackedGroup(block, window, page))
+            groups.append(PackedGroup(block, window, page, ring))
     return PackedPool(tuple(groups), max(g.page for g in groups))
 
 
@@ -287,56 +352,3 @@ def v4_pool(attention: V4Attention, kv_cache_dtype: str) -> PackedPool:
         attention, block_size=BLOCK_SIZE, kv_cache_dtype="bf16" if plain else "fp8_ds_mla", indexer_fp4=False
     )
     return pack(layers)
-
-
-@dataclass(frozen=True, slots=True)
-class V4Terms:
-    """The ledger's KV terms for DeepSeek-V4 (bytes per GPU; every cache is replicated across TP)."""
-
-    per_token: float  # what a token adds beyond the windows (PackedPool.bytes_per_token)
-    per_sequence: float  # a full-length request's blocks at the pool's stride
-    stride: int  # bytes one block id costs: what the pool is divided by
-    request_blocks: int  # blocks a full-length request holds over every group
-    groups: KvGroups  # one full group and the windowed ones: vLLM logs concurrency x max_model_len tokens
-
-
-def v4_terms(request: PlanRequest) -> V4Terms | None:
-    """:class:`V4Terms` for ``request``'s model, ``None`` unless it is a DeepSeek-V4."""
-    attention = request.architecture.v4
-    if attention is None:
-        return None
-    pool = v4_pool(attention, request.kv_cache_dtype)
-    blocks = pool.blocks_per_request(request.effective_max_model_len, request.in_flight_tokens)
-    groups = KvGroups(full=1, sliding=len(pool.groups) - 1)
-    return V4Terms(pool.bytes_per_token, blocks * pool.stride, pool.stride, blocks, groups)
-
-
-def v4_notes(request: PlanRequest) -> tuple[str, ...]:
-    """What ``plan`` says of DeepSeek-V4's pool beyond its table (none for other models)."""
-    attention = request.architecture.v4
-    if attention is None:
-        return ()
-    pool, length = v4_pool(attention, request.kv_cache_dtype), request.effective_max_model_len
-    in_flight = request.in_flight_tokens
-    blocks = pool.blocks_per_request(length, in_flight)
-    growing = sum(g.blocks_per_request(length, in_flight) for g in pool.groups if g.window is None)
-    notes = []
-    if any(name in request.gpu.lower() for name in NO_KERNEL_GPU_NAMES):
-        notes.append(
-            "vLLM 0.32 runs DeepSeek-V4's sparse attention on compute capability 9.x and 10.x (FlashMLA) "
-            f"or 12.x (FlashInfer) only: {request.gpu} has no kernel for it, so the engine cannot serve this "
-            "model there (the figures are what its pool would be)"
-        )
-    if normalise_dtype(request.kv_cache_dtype) in {"bf16", "fp16"}:
-        notes.append(
-            "DeepSeek-V4 with 16-bit KV: vLLM's default backend (FlashMLA) keeps fp8_ds_mla only and refuses "
-            "to start (_resolve_dsv4_kv_cache_dtype); bf16 rows need --attention-backend "
-            "FLASHINFER_MLA_SPARSE_DSV4 (Blackwell), as planned here"
-        )
-    notes.append(
-        f"DeepSeek-V4: {len(pool.groups)} KV cache groups, every cache whole on each GPU; a {length:,}-token "
-        f"request holds {blocks:,} blocks of {pool.stride:,} bytes, {blocks - growing:,} of them for its "
-        f"{attention.window}-token windows and compressor states whatever its length "
-        f"({in_flight:,} tokens in flight)"
-    )
-    return tuple(notes)

@@ -54,8 +54,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sidecar.budget.architecture import Architecture
-from sidecar.budget.deepseek_v4 import BLOCK_SIZE as V4_BLOCK_SIZE
-from sidecar.budget.deepseek_v4 import v4_terms
+from sidecar.budget.deepseek_v41 import v4_terms
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.experts import ExpertPlacement, expert_placement
 from sidecar.budget.kv_groups import kv_groups
@@ -364,5 +363,5 @@ def build_ledger(request: PlanRequest) -> Ledger:
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),
         stages=stages,
-        block_size=V4_BLOCK_SIZE if v4 else block,  # DeepSeek-V4: its latents' block (the scheduler's)
+        block_size=v4.block if v4 else block,  # DeepSeek-V4, V4.1: their latents' block (the scheduler's)
     )

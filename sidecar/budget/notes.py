@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from sidecar.budget.deepseek_v4 import v4_notes
+from sidecar.budget.deepseek_v41 import v4_notes
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from sidecar.budget import gemma4, zamba2
 from sidecar.budget.architecture import Architecture, MlaSpec
+from sidecar.budget.deepseek_v41 import v41_layer_parameters
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.longcat import ATTENTION_BLOCKS
 from sidecar.budget.state_layers import QWEN_GATED_ATTENTION_TYPES
@@ -31,6 +32,8 @@ def _attention_parameters(arch: Architecture, kind: LayerKind, layer: int) -> in
     hidden = arch.hidden_size
     if arch.mla is not None:
         return _mla_parameters(arch, arch.mla)
+    if arch.v4 is not None and arch.v4.v41:  # DeepSeek-V4.1: compressors and indexers in source layers only
+        return v41_layer_parameters(arch.v4, hidden, arch.num_attention_heads, layer)
     if arch.v4 is not None:  # DeepSeek-V4 (sidecar.budget.deepseek_v4): a layer's own ratio
         return arch.v4.layer_parameters(hidden, arch.num_attention_heads, arch.v4.ratios[layer])
     if arch.mimo is not None:  # MiMo-V2, Step 3.5: each kind its own heads

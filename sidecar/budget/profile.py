@@ -93,6 +93,7 @@ import math
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.architecture import Architecture
+from sidecar.budget.deepseek_v41 import v41_replicated_extras
 from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.longcat import ATTENTION_BLOCKS
 from sidecar.budget.parameters import dense_mlp_width, embedding_parameter_count, expert_parameter_count
@@ -240,8 +241,14 @@ def indexer_replicas_bytes(request: PlanRequest) -> int:
     indexer = arch.indexer
     dtype = request.effective_weight_dtype
     element = weight_bytes_per_param(dtype if dtype != "mxfp4" else "bf16")
-    if arch.v4 is not None:  # DeepSeek-V4's down-projections, compressors and indexers
-        replicated = sum(arch.v4.replicated_parameters(arch.hidden_size, ratio) for ratio in arch.v4.ratios)
+    if arch.v4 is not None:  # DeepSeek-V4's and V4.1's down-projections, compressors and indexers
+        v4, hidden = arch.v4, arch.hidden_size
+        replicated = sum(
+            v4.replicated_parameters(hidden, 1) + v41_replicated_extras(v4, hidden, layer)
+            if v4.v41
+            else v4.replicated_parameters(hidden, ratio)
+            for layer, ratio in enumerate(v4.ratios)
+        )
         return round(replicated * element * (1 - 1 / tp))
     if indexer is None:
         return 0

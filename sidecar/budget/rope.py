@@ -23,7 +23,8 @@ DeepSeek-V4 (``build_deepseek_v4_rope``, ``vllm/models/deepseek_v4/common/rope.p
 window-only layers (``max_position_embeddings`` positions, YaRN factor 1) and one for its compressed layers
 (YaRN's ``original_max_position_embeddings x factor`` from the ``compress`` or the flat parameters, or
 ``max_position_embeddings`` when they name no scaling). DeepSeek-V4-Flash: two tables of 1,048,576 x 64,
-0.5 GiB on every GPU.
+0.5 GiB on every GPU. DeepSeek-V4.1 (``vllm/models/deepseek_v41/common/rope.py``) the same, its ratio-1 and 2
+layers being the compressed ones.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sidecar.budget.config_fields import as_number, first_int
-from sidecar.budget.deepseek_v4 import v4_attention
+from sidecar.budget.deepseek_v4 import V4_TYPES, V41_TYPES, v4_attention
 
 NO_ROPE_TYPES: Final = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt"})
 """Families with learned or ALiBi positions (Falcon too when ``alibi`` is set): no table."""
-FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4"})
+FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4", "deepseek_v41", "deepseek_v41_text"})
 """Families whose vLLM module asks ``get_rope`` for a float32 table (DeepSeek-V4: its rotary class does)."""
 _TWO_TABLE_TYPES: Final = frozenset({"gemma3", "gemma3_text"})
 
@@ -68,8 +69,8 @@ def rope_cache_elements(
     """
     if model_type in NO_ROPE_TYPES or cfg.get("alibi") or not max_positions:
         return 0
-    if model_type == "deepseek_v4":
-        return _deepseek_v4_elements(cfg, max_positions, ropes)
+    if model_type in V4_TYPES | V41_TYPES:
+        return _deepseek_v4_elements(cfg, model_type, max_positions, ropes)
     if isinstance(cfg.get("rotary_dim"), int):  # GPT-J
         dim = int(cfg["rotary_dim"])
     else:
@@ -84,11 +85,12 @@ def rope_cache_elements(
 
 
 def _deepseek_v4_elements(
-    cfg: Mapping[str, Any], max_positions: int, ropes: Sequence[Mapping[str, Any]]
+    cfg: Mapping[str, Any], model_type: str, max_positions: int, ropes: Sequence[Mapping[str, Any]]
 ) -> int:
     """DeepSeek-V4's tables (see the module docstring): the window-only layers' and the compressed layers'."""
-    attention = v4_attention(cfg, "deepseek_v4", first_int(cfg, "num_hidden_layers") or 0)
-    compressed = {ratio > 1 for ratio in attention.ratios} if attention else set()  # whether layers compress
+    attention = v4_attention(cfg, model_type, first_int(cfg, "num_hidden_layers") or 0)
+    least = 0 if attention is not None and attention.v41 else 1  # V4.1's ratio 1 compresses; V4's is a window
+    compressed = {ratio > least for ratio in attention.ratios} if attention else set()
     nested = cfg.get("rope_parameters")
     compress = nested.get("compress") if isinstance(nested, Mapping) else None
     scaled = compress if isinstance(compress, Mapping) else (ropes[0] if ropes else None)

@@ -16,11 +16,8 @@ the pool vLLM reports differs from the plan's (the sidecar admits by the engine'
   modelled);
 * **recurrent layer stacks** (``num_layers_per_stack``: HRM), whose weights repeat over cycles;
 * **layer types no rule knows** (Inkling's ``hybrid_sliding``; DeepSeek-V4's compressed layers are modelled,
-  :mod:`sidecar.budget.deepseek_v4`): planned as full attention, which holds the most KV a layer can, so the
-  pool is not overestimated;
-* **DeepSeek-V4.1's compressed caches** (``deepseek_v41``: ``compress_ratios`` with new meanings and the
-  ``kv_source_layer_ids`` layers that own them, vLLM 0.32.0 ``vllm/models/deepseek_v41/attention.py``): the
-  plan sees only its 128-token windows, so it would overstate the pool; said loudly until modelled;
+  :mod:`sidecar.budget.deepseek_v4`, and V4.1's, :mod:`sidecar.budget.deepseek_v41`): planned as full
+  attention, which holds the most KV a layer can, so the pool is not overestimated;
 * parameters only: **hyper-connections** (``hc_mult``), per-layer MLP widths that differ (planned at their
   mean), per-layer head sizes and per-layer input embeddings outside Gemma 3n and 4 (which model them);
   DeepSeek-V4's are modelled.
@@ -85,9 +82,4 @@ def unmodelled_features(
         features.append(f"layer types {', '.join(unlisted)} (planned as full attention)")
     if first_int(cfg, "share_q_dim"):  # Step 3: q through a share_q_dim bottleneck (vLLM step3_text.py)
         features.append("a low-rank query projection (share_q_dim; parameters counted a little high)")
-    if model_type.startswith("deepseek_v41"):  # DeepseekV41Config, vllm/models/deepseek_v41/attention.py
-        features.append(
-            "DeepSeek-V4.1's compressed caches and indexer keys in its kv_source_layer_ids layers (KV per "
-            "token: the plan counts only the window, so its pool holds fewer tokens than planned)"
-        )
     return tuple(features)

@@ -20,7 +20,8 @@ from sidecar.admission.geometry import (
     engine_blocks_per_request,
     resolve_layout,
 )
-from sidecar.budget.deepseek_v4 import PackedPool, v4_pool
+from sidecar.budget.deepseek_v4 import PackedPool
+from sidecar.budget.deepseek_v41 import compressed_pool
 from sidecar.budget.kv_groups import chunked_local_blocks, kv_groups, sliding_window_blocks
 from sidecar.budget.kv_terms import kv_pages, layer_kv_bytes_per_token, state_terms
 from sidecar.budget.layer_kinds import LayerKind
@@ -49,8 +50,8 @@ def _layout(monitor: Monitor, block_size: int, engine_blocks: int | None) -> Lay
     if request is None:
         return resolve_layout(block_size=block_size, max_model_len=max_model_len, engine_blocks=engine_blocks)
     arch = request.architecture
-    if arch.v4 is not None:  # windows, states and compressed latents with blocks of 64, 4, 8 and 256 tokens
-        pool = v4_pool(arch.v4, request.kv_cache_dtype)
+    pool = compressed_pool(request)  # DeepSeek-V4, V4.1: windows, states and compressed latents
+    if pool is not None:
         return _v4_layout(pool, max_model_len, engine_blocks, request.in_flight_tokens)
     groups = kv_groups(arch.kv_kinds)
     window, chunk, in_flight = arch.sliding_window, arch.attention_chunk_size, request.in_flight_tokens
@@ -124,15 +125,16 @@ def _v4_layout(
     that number: the fewest tokens in flight whose caps reach the engine's figure, which must then match it.
     Without the engine's figure, the prediction's tokens in flight.
     """
-    latents = [group for group in pool.groups if group.window is None]
+    latents = [group for group in pool.groups if group.window is None and not group.ring]
     kinds = Counter((group.block, group.window) for group in pool.groups if group.window is not None)
+    rings = Counter(group.block for group in pool.groups if group.ring)  # V4.1: one block a request
 
     def at(tokens: int) -> GroupLayout:
         windows = tuple(
             WindowGroups(count, block, sliding_window_blocks(window, tokens, max_model_len, block))
             for (block, window), count in kinds.items()
             if window is not None
-        )
+        ) + tuple(WindowGroups(count, block, 1) for block, count in rings.items())
         return GroupLayout(full=len(latents), full_block=latents[0].block, windows=windows)
 
     if engine_blocks is None:

@@ -41,15 +41,6 @@ def test_step3_query_bottleneck_is_named_and_the_rest_counts() -> None:
     assert any("share_q_dim" in feature for feature in arch.unmodelled_features)
 
 
-def test_deepseek_v41_compressed_caches_are_named() -> None:
-    config = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": {
-        "model_type": "deepseek_v41_text", "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 64,
-        "num_key_value_heads": 1, "head_dim": 512, "vocab_size": 129280, "sliding_window": 128,
-        "compress_ratios": [0, 0, *[2] * 18, *[1] * 20], "kv_source_layer_ids": [2, 8, 14, 20]}}  # fmt: skip
-    features = architecture_from_config(config).unmodelled_features
-    assert any("DeepSeek-V4.1's compressed caches" in feature for feature in features)
-
-
 BAILING_TEXT: dict[str, Any] = {  # BailingMoeV3VLConfig's text model, without the layer_types list
     "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
     "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4, "num_experts": 256,
