@@ -141,7 +141,7 @@ def computed_parameter_count(arch: Architecture) -> int:
         layers += gemma4.per_layer_input_parameters(arch.gemma4, arch.hidden_size, arch.num_layers)
     if arch.gemma3n is not None:
         layers += arch.gemma3n.model_extras(arch.hidden_size, arch.num_layers)
-    if arch.v4 is not None:
+    if arch.v4 is not None and not arch.v4.v41:  # V4.1 has no learned hc_head (vLLM 0.32.0 nvidia/model.py)
         layers += arch.v4.head_parameters(arch.hidden_size)
     if arch.zamba2 is not None:  # Zamba2's shared transformer blocks, adapters and hybrid projections
         attention = (arch.num_attention_heads, arch.head_dim)

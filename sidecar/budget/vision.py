@@ -16,6 +16,7 @@ that embed video (the Qwen-VL line, ERNIE 4.5-VL, GLM, EXAONE 4.5, MiniMax-M3, M
 * ``step3p7`` (``Step3p7VisionModel``): a Conv2d patch embedding without bias, positions, a pre-LayerNorm,
   CLIP-like layers with two layer scales, two 3 x 3 downsampling convolutions and a projection from
   ``4 x hidden`` (the legacy ``width`` and ``layers`` win, as transformers reads them);
+* ``deepseek_v41``: vLLM 0.32.0's own ViT and aligner (transformers has no class to compare with);
 * ``paligemma``: a SigLIP tower (below) and one linear with a bias to ``projection_dim``; ``shieldgemma2``
   is Gemma 3's tower and projector;
 * SigLIP-like towers without the attention-pooling head, each with its own defaults: ``paddleocr_vl``
@@ -319,6 +320,22 @@ def _step3p7(top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int
     return embeddings + 2 * width + layers * layer + downsamplers + projector
 
 
+def _deepseek_v41(_top: Mapping[str, Any], vision: Mapping[str, Any], text_hidden: int) -> int:
+    """DeepSeek-V4.1's ViT and aligner as vLLM 0.32.0 builds them (no transformers class exists).
+
+    ``DeepseekV4ViT``, ``DeepseekV4Aligner`` (``vllm/models/deepseek_v4/common/vision.py``) and the image
+    start, end and newline vectors (``nvidia/vl_model.py``), with ``DeepseekV41Config``'s defaults: a linear
+    patch embedding with a bias, blocks of two RMSNorms, q/k/v and output with biases and a gated MLP without,
+    a final norm, and two linears with biases from the ``downsample_ratio^2``-merged width to the text's.
+    """
+    width, inner = _int(vision, "hidden_size", default=1024), _int(vision, "intermediate_size", default=2816)
+    patch, ratio = _int(vision, "patch_size", default=14), _int(vision, "downsample_ratio", default=3)
+    block = 2 * width + 4 * width * width + 4 * width + 3 * width * inner
+    embed = 3 * patch * patch * width + width
+    aligner = width * ratio * ratio * text_hidden + text_hidden + text_hidden * text_hidden + text_hidden
+    return embed + _int(vision, "num_hidden_layers", default=0) * block + width + aligner + 3 * text_hidden
+
+
 _TOWERS: dict[str, Callable[[Mapping[str, Any], int], int]] = {
     "llama4": _llama4,
     "gemma3": _siglip_gemma3,
@@ -343,6 +360,7 @@ _TOWERS_READING_THE_TOP_LEVEL: dict[str, Callable[[Mapping[str, Any], Mapping[st
     "gemma4": lambda top, _, text_hidden: gemma4_towers(top, text_hidden),  # audio_config too
     "blip-2": _blip2,  # qformer_config, num_query_tokens
     "step3p7": _step3p7,  # projector_bias
+    "deepseek_v41": _deepseek_v41,  # the text width: its aligner projects to it
     **VIDEO_TOWERS,
 }
 """The towers that read the top config too (image towers with top-level projector fields, and every video

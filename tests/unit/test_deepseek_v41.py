@@ -56,9 +56,12 @@ FLASH: dict[str, Any] = {
     "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
                             "scale_fmt": "ue8m0", "expert_dtype": "fp4"},
     "text_config": TEXT,
+    "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": 32, "hidden_size": 1024,
+                      "num_attention_heads": 16, "intermediate_size": 2816, "patch_size": 14, "rope_theta": 10000,
+                      "downsample_ratio": 3, "max_image_tokens": 1024, "min_pixels": 295936, "max_wh_ratio": None},
 }  # fmt: skip
 """``deepseek-ai/DeepSeek-V4.1-Flash/config.json``'s architecture fields, as a public repository's test restates
-it "verbatim ... trimmed to the keys the spec reads" (code index id 68609567715); the vision tower left out."""
+it "verbatim ... trimmed to the keys the spec reads" (code index id 68609567715)."""
 WINDOW, LATENT, RING = 19008, 116928, 98304  # H200 pages: 32 x 584 padded to 576s; the latent group; 3 rings
 
 
@@ -172,7 +175,14 @@ def test_the_replicated_parts_are_whole_on_every_gpu() -> None:
         3 * (5120 * 1024 + 512) + (5120 * 512 + 512) + 4 * (512 * 128 + 128) + 8 * (1280 * 4096 + 5120 * 32)
     )
     assert indexer_replicas_bytes(request) == round((base + extras) * 1 * (1 - 1 / 8))
-    assert computed_parameter_count(architecture_from_config(FLASH)) > 384 * 40 * 3 * 5120 * 2304
+    arch = architecture_from_config(FLASH)
+    layers = sum(v41_layer_parameters(attention, 5120, 64, i) for i in range(40))
+    experts = 40 * ((384 + 1) * 3 * 5120 * 2304 + 5120 * 384)  # routed, shared, gate (its bias a buffer)
+    norms = 40 * 2 * 5120 + 5120
+    # no hc_head: V4.1 collapses the streams with the last layer's mix
+    tower = arch.vision_parameters
+    assert tower
+    assert computed_parameter_count(arch) == layers + experts + norms + 2 * 129280 * 5120 + tower
     assert attention.mxfp4_experts
 
 
@@ -194,3 +204,13 @@ def test_admission_counts_a_ring_block_per_request() -> None:
     )
     # a 1,000-token sequence: 16 latent blocks, 32 in each window group, one ring block
     assert answer.view.sequence_blocks(1000) == 16 + 7 * 32 + 1
+
+
+def test_the_vision_tower_is_vllms_vit_and_aligner() -> None:
+    """32 blocks of 12,851,200 (norms, q/k/v and output with biases, gated MLP), the patch embedding, the final
+    norm, the aligner from the 3 x 3-merged width and the image start, end and newline vectors."""
+    block = 2 * 1024 + 4 * 1024 * 1024 + 4 * 1024 + 3 * 1024 * 2816
+    assert block == 12_851_200
+    aligner = 9 * 1024 * 5120 + 5120 + 5120 * 5120 + 5120
+    expected = (588 * 1024 + 1024) + 32 * block + 1024 + aligner + 3 * 5120
+    assert architecture_from_config(FLASH).vision_parameters == expected == 485_268_480
