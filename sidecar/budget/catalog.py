@@ -85,6 +85,7 @@ GPUS: Final[tuple[Gpu, ...]] = (
     Gpu("a100-80gb", "NVIDIA A100 80GB", 81920 * MIB, fp8=False),
     Gpu("h100", "NVIDIA H100 80GB", 81559 * MIB, fp8=True),
     Gpu("h200", "NVIDIA H200", 143771 * MIB, fp8=True),
+    Gpu("b200", "NVIDIA B200", 183359 * MIB, fp8=True),  # nvidia-smi's total; compute capability 10.0
 )
 """Every GPU the catalog knows."""
 

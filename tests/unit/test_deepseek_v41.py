@@ -214,3 +214,14 @@ def test_the_vision_tower_is_vllms_vit_and_aligner() -> None:
     aligner = 9 * 1024 * 5120 + 5120 + 5120 * 5120 + 5120
     expected = (588 * 1024 + 1024) + 32 * block + 1024 + aligner + 3 * 5120
     assert architecture_from_config(FLASH).vision_parameters == expected == 485_268_480
+
+
+def test_the_catalogs_b200_plans_the_mega_attention_record() -> None:
+    """``--gpu b200`` (183,359 MiB, compute capability 10.0): 128-token blocks of NVFP4 latents."""
+    request = PlanRequest(
+        architecture_from_config(FLASH), 183359 * 1024 * 1024, gpu="b200", tensor_parallel_size=8,
+        max_model_len=1_048_576,
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    assert (ledger.block_size, ledger.kv_bytes_per_token) == (128, 135168 // 128)
+    assert "mega attention (nvfp4_ds_mla)" in " ".join(ledger.notes)
