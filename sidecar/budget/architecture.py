@@ -36,7 +36,7 @@ from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, la
 from sidecar.budget.longcat import ATTENTION_BLOCKS, LongcatLayers, longcat_layers
 from sidecar.budget.mimo import MimoLayers, sliding_window
 from sidecar.budget.moe import TOP_K_FIELDS, MoeSpec, moe_from_config
-from sidecar.budget.quantization import checkpoint_quantization
+from sidecar.budget.quantization import checkpoint_quantization, packs_weights
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
@@ -90,6 +90,7 @@ class Architecture:
     mla: MlaSpec | None = None
     moe: MoeSpec | None = None
     quantization: str | None = None
+    packed_weights: bool = False  # tensors hold several weights an element: headers do not count parameters
     parameter_count: int | None = None
     parameter_source: str = "computed from config.json"
     derived_max_model_len: int | None = None  # the longest --max-model-len vLLM accepts
@@ -350,6 +351,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         mla=mla,
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
+        packed_weights=packs_weights(top),
         class_name=_class_name(top),
         draft_layers=first_int(cfg, "num_nextn_predict_layers", "num_mtp_modules") or 0,  # MiniMax-M3: latter
         rope_key=json.dumps(
@@ -385,7 +387,7 @@ def load_architecture(path: Path) -> Architecture:
             f"{path} has no config.json: point --model at a model directory or a config.json file"
         )
     arch = architecture_from_config(read_config_file(config_path))
-    if path.is_dir():
+    if path.is_dir() and not arch.packed_weights:  # packed 4-bit elements are not parameters: computed
         skipped = draft_tensor_filter(arch.num_layers, arch.draft_layers)
         measured = measured_parameter_count(path, arch.dtype, skipped)
         if measured is not None:

@@ -145,7 +145,7 @@ def _from_snapshot(snapshot: HubSnapshot) -> ResolvedModel:
     architecture = load_architecture(snapshot.directory)
     skipped = draft_tensor_filter(architecture.num_layers, architecture.draft_layers)
     count = hub_parameter_count(snapshot.hub_metadata, skipped) if snapshot.hub_metadata else None
-    if architecture.parameter_source.startswith("computed") and count:
+    if architecture.parameter_source.startswith("computed") and count and not architecture.packed_weights:
         architecture = architecture.with_parameter_count(count, "the Hub's safetensors metadata")
     return ResolvedModel(architecture, snapshot.directory, snapshot.source)
 

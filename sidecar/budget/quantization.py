@@ -8,7 +8,7 @@ quantises the MoE experts only; compressed-tensors checkpoints say it in their f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 
 def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
@@ -50,3 +50,30 @@ def _compressed_tensors(quant: Mapping[str, Any]) -> str | None:
     if bits == 8:
         return "fp8" if kind == "float" else "int8"
     return "int4" if bits == 4 else None
+
+
+PACKING_METHODS = frozenset({"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin", "mxfp4"})
+"""Methods whose tensors hold several weights an element: AWQ and GPTQ pack 32 / ``bits`` into an int32
+(``qweight``), gpt-oss's MXFP4 two into a byte (``*_blocks``)."""
+
+
+def packs_weights(cfg: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint stores several weights in one tensor element (its headers then undercount).
+
+    4-bit formats, and DeepSeek-V4's and V4.1's ``expert_dtype`` ``fp4`` experts (two values a byte): their
+    safetensors headers' element counts are not parameters, so the config's arithmetic stands.
+    """
+    text = cfg.get("text_config")
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping) and isinstance(text, Mapping):
+        quant = text.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return False
+    method = str(quant.get("quant_method", "")).lower()
+    default_experts = _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type")))
+    experts = quant.get("expert_dtype", cfg.get("expert_dtype", default_experts))
+    return method in PACKING_METHODS or checkpoint_quantization(cfg) == "int4" or experts == "fp4"
+
+
+_DEFAULT_EXPERT_DTYPE: Final = {"deepseek_v4": "fp4"}
+"""``DeepseekV4FP8Config.expert_dtype`` when a config is silent (``models/deepseek_v4/quant_config.py``)."""

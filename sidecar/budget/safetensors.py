@@ -15,6 +15,10 @@ model: DeepSeek-V3/R1 and GLM-4.5 as ``model.layers.{N}.`` for ``N`` from ``num_
 ``qwen3_next.py``, ``qwen3_5.py``, ``mimo.py``; 0.32.0 as installed), so they are not counted: DeepSeek-V3's
 headers sum to about 685B parameters, the model vLLM loads has 671B. An index whose ``weight_map`` lists such
 tensors has a ``total_size`` that counts them, so it gives no count (the config's arithmetic stands in).
+
+**Packed weights.** A header counts elements, and AWQ, GPTQ, bitsandbytes 4-bit, MXFP4 and other 4-bit
+formats store several weights in one (:func:`sidecar.budget.quantization.packs_weights`); the callers do not
+ask for a count from such checkpoints (``Architecture.packed_weights``).
 """
 
 from __future__ import annotations

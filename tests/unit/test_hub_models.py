@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from huggingface_hub.utils import SafetensorsFileMetadata, SafetensorsRepoMetadata, TensorInfo
@@ -137,3 +138,35 @@ def test_the_hubs_metadata_is_counted_without_the_mtp_layers() -> None:
     assert hub_parameter_count(metadata, draft_tensor_filter(layers, 1)) == 32
     assert hub_parameter_count(metadata) == 32 + 128 + 25
     assert hub_parameter_count(object()) is None
+
+
+@pytest.mark.parametrize(
+    "quantization",
+    [
+        {"quant_method": "awq", "bits": 4, "group_size": 128},  # qweight: eight 4-bit weights an int32
+        {"quant_method": "gptq", "bits": 8, "group_size": 128},  # four 8-bit weights an int32
+        {"quant_method": "mxfp4"},  # gpt-oss: two values a byte in *_blocks
+        {"quant_method": "bitsandbytes", "load_in_4bit": True},
+        {"quant_method": "fp8", "expert_dtype": "fp4"},  # DeepSeek-V4/V4.1's experts
+    ],
+)
+def test_packed_weights_headers_do_not_stand_for_parameters(
+    tmp_path: Path, quantization: dict[str, Any]
+) -> None:
+    """A header's element count undercounts packed weights (an 8B AWQ checkpoint's headers sum to ~2.0B), so
+    the config's arithmetic stands for those formats, from the cache and from the Hub alike."""
+    config = TINY_CONFIG | {"quantization_config": quantization}
+    weights = safetensors({"model.layers.0.mlp.qweight": [4, 8]})
+    add_model(tmp_path, "acme/tiny-awq", {"config.json": config, "model.safetensors": weights})
+    resolved = resolve_model_source("acme/tiny-awq", cache_dir=tmp_path, offline=True)
+    assert resolved.architecture.parameter_source == "computed from config.json"
+    assert resolved.architecture.packed_weights
+
+
+def test_fp8_headers_still_count(tmp_path: Path) -> None:
+    config = TINY_CONFIG | {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    add_model(
+        tmp_path, "acme/tiny-fp8", {"config.json": config, "model.safetensors": safetensors({"a": [4, 8]})}
+    )
+    resolved = resolve_model_source("acme/tiny-fp8", cache_dir=tmp_path, offline=True)
+    assert resolved.architecture.parameter_count == 32
