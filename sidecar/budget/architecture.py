@@ -388,7 +388,8 @@ def load_architecture(path: Path) -> Architecture:
         )
     arch = architecture_from_config(read_config_file(config_path))
     if path.is_dir() and not arch.packed_weights:  # packed 4-bit elements are not parameters: computed
-        skipped = draft_tensor_filter(arch.num_layers, arch.draft_layers)
+        host_tables = arch.v4 is not None and bool(arch.v4.engram_rows)
+        skipped = draft_tensor_filter(arch.num_layers, arch.draft_layers, host_tables=host_tables)
         measured = measured_parameter_count(path, arch.dtype, skipped)
         if measured is not None:
             arch = arch.with_parameter_count(*measured)

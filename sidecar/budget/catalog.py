@@ -143,7 +143,8 @@ def _from_catalog(model: CatalogModel) -> ResolvedModel:
 
 def _from_snapshot(snapshot: HubSnapshot) -> ResolvedModel:
     architecture = load_architecture(snapshot.directory)
-    skipped = draft_tensor_filter(architecture.num_layers, architecture.draft_layers)
+    host_tables = architecture.v4 is not None and bool(architecture.v4.engram_rows)
+    skipped = draft_tensor_filter(architecture.num_layers, architecture.draft_layers, host_tables=host_tables)
     count = hub_parameter_count(snapshot.hub_metadata, skipped) if snapshot.hub_metadata else None
     if architecture.parameter_source.startswith("computed") and count and not architecture.packed_weights:
         architecture = architecture.with_parameter_count(count, "the Hub's safetensors metadata")

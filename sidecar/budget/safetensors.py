@@ -41,8 +41,12 @@ DRAFT_PREFIXES: Final = ("mtp.", "model.mtp_layers.")
 TensorFilter = Callable[[str], bool]
 
 
-def draft_tensor_filter(num_layers: int, draft_layers: int) -> TensorFilter:
-    """Whether a checkpoint tensor belongs to the draft (MTP) layers vLLM's model skips."""
+def draft_tensor_filter(num_layers: int, draft_layers: int, *, host_tables: bool = False) -> TensorFilter:
+    """Whether a checkpoint tensor belongs to the draft (MTP) layers vLLM's model skips.
+
+    ``host_tables``: DeepSeek-V4.1's n-gram tables (``layers.N.engram.embed.*``), which vLLM keeps in pinned
+    host memory by default (``EngramConfig.cpu_offload``), are left out too.
+    """
     layer_prefixes = tuple(
         f"{root}{index}."
         for index in range(num_layers, num_layers + draft_layers)
@@ -51,7 +55,7 @@ def draft_tensor_filter(num_layers: int, draft_layers: int) -> TensorFilter:
     prefixes = DRAFT_PREFIXES + layer_prefixes
 
     def skipped(name: str) -> bool:
-        return name.startswith(prefixes)
+        return name.startswith(prefixes) or (host_tables and ".engram.embed." in name)
 
     return skipped
 

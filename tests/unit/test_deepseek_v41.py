@@ -10,12 +10,14 @@ specs in ``tests/e2e/test_deepseek_v41.py``; the CPU server cannot build the mod
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sidecar.admission.geometry import GroupLayout, WindowGroups
-from sidecar.budget import PlanRequest, architecture_from_config, build_ledger
+from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, load_architecture
 from sidecar.budget.deepseek_v4 import PackedGroup, V4Attention, pack
 from sidecar.budget.deepseek_v41 import (
     HOPPER,
@@ -35,6 +37,7 @@ from sidecar.monitor.monitor import Monitor
 from sidecar.monitor.planning import PlanInputs
 from sidecar.monitor.pool import admission_pool
 from sidecar.units import GIB
+from tests.unit.test_hub_models import safetensors
 
 TEXT: dict[str, Any] = {
     "model_type": "deepseek_v41_text", "vocab_size": 129280, "hidden_size": 5120, "moe_intermediate_size": 2304,
@@ -225,3 +228,15 @@ def test_the_catalogs_b200_plans_the_mega_attention_record() -> None:
     ledger = build_ledger(request)
     assert (ledger.block_size, ledger.kv_bytes_per_token) == (128, 135168 // 128)
     assert "mega attention (nvfp4_ds_mla)" in " ".join(ledger.notes)
+
+
+def test_the_engram_tables_are_not_counted_from_the_headers(tmp_path: Path) -> None:
+    """An FP8-expert V4.1 checkpoint's headers count its tensors, but not the n-gram tables vLLM keeps on the
+    host (``layers.N.engram.embed.*``, as its WeightsMapper reads them)."""
+    config = FLASH | {"quantization_config": FLASH["quantization_config"] | {"expert_dtype": "fp8"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = {"layers.0.attn.wq_b.weight": [4, 8], "layers.1.engram.embed.weight": [64, 256]}
+    (tmp_path / "model.safetensors").write_bytes(safetensors(tensors))
+    arch = load_architecture(tmp_path)
+    assert not arch.packed_weights
+    assert arch.parameter_count == 32
