@@ -21,6 +21,9 @@ INT4_EFFECTIVE_BYTES: Final = 0.55
 MXFP4_BYTES: Final = 4.25 / 8
 """MXFP4: 4-bit elements plus one 8-bit scale per 32 (OCP Microscaling), as gpt-oss ships its experts."""
 
+NVFP4_BYTES: Final = 4.5 / 8
+"""NVFP4: 4-bit E2M1 elements plus one FP8 scale per 16 (and one float32 scale a tensor, negligible)."""
+
 WEIGHT_DTYPES: Final[dict[str, float]] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -29,6 +32,7 @@ WEIGHT_DTYPES: Final[dict[str, float]] = {
     "int8": 1.0,
     "int4": INT4_EFFECTIVE_BYTES,
     "mxfp4": MXFP4_BYTES,  # of the MoE experts; the other weights stay bf16 (see the ledger)
+    "nvfp4": NVFP4_BYTES,  # of the linear layers (ModelOpt NVFP4, compressed-tensors nvfp4-pack-quantized)
 }
 """Bytes per parameter for each weight dtype the planner accepts."""
 FLOAT_DTYPES: Final = frozenset({"fp32", "bf16", "fp16"})

@@ -104,7 +104,7 @@ if TYPE_CHECKING:
 
 ACTIVATION_ELEMENT_BYTES: Final = 2
 """Activations are 16-bit whatever the weights are (unless served in float32)."""
-QUANTISED_DTYPES: Final = frozenset({"fp8", "int8", "int4"})
+QUANTISED_DTYPES: Final = frozenset({"fp8", "int8", "int4", "nvfp4"})
 """Weight dtypes vLLM applies to linear layers only (``get_quant_method`` of its fp8, AWQ, GPTQ configs)."""
 MXFP4_HIDDEN_ALIGNMENT: Final = 256
 MXFP4_INTERMEDIATE_ALIGNMENT: Final = 128

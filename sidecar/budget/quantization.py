@@ -1,8 +1,11 @@
 """The weights' format of a quantised checkpoint, read from its ``config.json``'s ``quantization_config``.
 
 AWQ and GPTQ (and their Marlin variants) are ``int4`` unless ``bits`` is 8; ``fp8``, ``fbgemm_fp8`` and
-``modelopt`` are ``fp8``; bitsandbytes is ``int4`` or ``int8`` by ``load_in_4bit``; ``mxfp4`` (gpt-oss)
-quantises the MoE experts only; compressed-tensors checkpoints say it in their first config group's weights.
+``modelopt`` are ``fp8``, but ModelOpt's ``NVFP4`` and ``W4A16_NVFP4`` algorithms (``quant_algo``, flat or
+under ``quantization`` as vLLM 0.32.0's ``ModelOptQuantConfigBase`` reads it) are ``nvfp4``, as are
+compressed-tensors' 4-bit float weights; bitsandbytes is ``int4`` or ``int8`` by ``load_in_4bit``; ``mxfp4``
+(gpt-oss) quantises the MoE experts only; compressed-tensors checkpoints say it in their first config group's
+weights.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any, Final
 
 
 def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0911 - one return per method
-    """The format ``quantization_config`` names: ``int4``, ``int8``, ``fp8``, ``mxfp4``, or ``None``.
+    """The format ``quantization_config`` names: int4, int8, fp8, mxfp4 or nvfp4; ``None`` for none of them.
 
     A config without one at the top level is read from its ``text_config``, as vLLM 0.32.0 does for
     multimodal models (``get_quantization_config``, ``transformers_utils/model_arch_config_convertor.py``;
@@ -28,6 +31,8 @@ def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0
     bits = quant.get("bits", quant.get("w_bit"))
     if method in {"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin"}:
         return "int8" if bits == 8 else "int4"
+    if method == "modelopt" and _modelopt_algo(quant) in {"NVFP4", "W4A16_NVFP4"}:
+        return "nvfp4"
     if method in {"fp8", "fbgemm_fp8", "modelopt"}:
         return "fp8"
     if method == "bitsandbytes":
@@ -49,7 +54,16 @@ def _compressed_tensors(quant: Mapping[str, Any]) -> str | None:
     bits, kind = weights.get("num_bits"), str(weights.get("type", "int"))
     if bits == 8:
         return "fp8" if kind == "float" else "int8"
-    return "int4" if bits == 4 else None
+    if bits == 4:
+        return "nvfp4" if kind == "float" else "int4"
+    return None
+
+
+def _modelopt_algo(quant: Mapping[str, Any]) -> str:
+    """ModelOpt's ``quant_algo``, flat or under ``quantization`` (hf_quant_config.json's), upper-cased."""
+    nested = quant.get("quantization")
+    source = nested if isinstance(nested, Mapping) else quant
+    return str(source.get("quant_algo", "")).upper()
 
 
 PACKING_METHODS = frozenset({"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin", "mxfp4"})
@@ -72,7 +86,8 @@ def packs_weights(cfg: Mapping[str, Any]) -> bool:
     method = str(quant.get("quant_method", "")).lower()
     default_experts = _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type")))
     experts = quant.get("expert_dtype", cfg.get("expert_dtype", default_experts))
-    return method in PACKING_METHODS or checkpoint_quantization(cfg) == "int4" or experts == "fp4"
+    packed = checkpoint_quantization(cfg) in {"int4", "nvfp4"}
+    return method in PACKING_METHODS or packed or experts == "fp4"
 
 
 _DEFAULT_EXPERT_DTYPE: Final = {"deepseek_v4": "fp4"}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import MODELS, LayerKind, architecture_from_config, load_architecture, resolve_model
+from sidecar.budget.dtypes import weight_bytes_per_param
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.errors import ConfigError, UnknownModelError
 
@@ -193,6 +194,18 @@ def test_fp32_checkpoints_are_served_in_bf16() -> None:
         ({"quant_method": "gptq", "bits": 8}, "int8"),
         ({"quant_method": "fp8"}, "fp8"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+        # NVIDIA's NVFP4 checkpoints: 4-bit floats and an FP8 scale per 16, not FP8 (planned 78% heavy before)
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}, "nvfp4"),
+        ({"quant_method": "modelopt", "quantization": {"quant_algo": "w4a16_nvfp4"}}, "nvfp4"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "nvfp4-pack-quantized",
+                "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}},
+            },
+            "nvfp4",
+        ),
     ],
 )
 def test_quantization_config_sets_weight_dtype(quant: dict[str, object], dtype: str) -> None:
@@ -279,3 +292,9 @@ def test_rope_tables_are_positions_times_rotary_dimension(name: str, elements: i
 def test_learned_position_families_have_no_rope_table() -> None:
     config = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
     assert architecture_from_config({**config, "n_positions": 1024}).rope_cache_elements == 0
+
+
+def test_nvfp4_weights_take_four_and_a_half_bits_in_the_linear_layers_only() -> None:
+    assert weight_bytes_per_param("nvfp4") == 0.5625
+    nvfp4 = {**BASE, "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+    assert architecture_from_config(nvfp4).packed_weights  # two values a byte: headers are not parameters
