@@ -86,7 +86,7 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     )
     add(
         "--weight-dtype",
-        type=choice("bf16", "fp16", "fp8", "int8", "int4"),
+        type=choice("bf16", "fp16", "fp8", "int8", "int4", "nvfp4"),
         help="default: the checkpoint's",
     )
     add(
