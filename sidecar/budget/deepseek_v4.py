@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from sidecar.budget.config_fields import first_int
@@ -161,8 +161,13 @@ def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4
             return None
         ratios = [rates.get(kind, _LAYER_TYPE_RATIOS.get(kind, 1)) for kind in types]
     per_layer = tuple(max(1, int(r)) for r in ratios[:num_layers]) + (1,) * max(0, num_layers - len(ratios))
+    return replace(_geometry(cfg), ratios=per_layer, mxfp4_experts=cfg.get("expert_dtype", "fp4") == "fp4")
+
+
+def _geometry(cfg: Mapping[str, Any]) -> V4Attention:
+    """The attention's sizes, V4's and V4.1's alike, with ``DeepseekV4Config``'s defaults (no layers yet)."""
     return V4Attention(
-        ratios=per_layer,
+        ratios=(),
         head_dim=first_int(cfg, "head_dim") or 512,
         index_head_dim=first_int(cfg, "index_head_dim") or 128,
         window=first_int(cfg, "sliding_window") or 128,
@@ -171,7 +176,6 @@ def v4_attention(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> V4
         o_groups=first_int(cfg, "o_groups") or 8,
         index_heads=first_int(cfg, "index_n_heads") or 64,
         hc_mult=first_int(cfg, "hc_mult") or 1,
-        mxfp4_experts=cfg.get("expert_dtype", "fp4") == "fp4",
     )
 
 
@@ -185,16 +189,9 @@ def _v41_attention(cfg: Mapping[str, Any], num_layers: int) -> V4Attention:
     ratios = _ints(cfg, "compress_ratios")[:num_layers]
     quantization = cfg.get("quantization_config")
     expert_dtype = cfg.get("expert_dtype") or (quantization or {}).get("expert_dtype", "fp4")
-    return V4Attention(
+    return replace(
+        _geometry(cfg),
         ratios=ratios + (0,) * (num_layers - len(ratios)),
-        head_dim=first_int(cfg, "head_dim") or 512,
-        index_head_dim=first_int(cfg, "index_head_dim") or 128,
-        window=first_int(cfg, "sliding_window") or 128,
-        q_lora_rank=first_int(cfg, "q_lora_rank") or 1024,
-        o_lora_rank=first_int(cfg, "o_lora_rank") or 1024,
-        o_groups=first_int(cfg, "o_groups") or 8,
-        index_heads=first_int(cfg, "index_n_heads") or 64,
-        hc_mult=first_int(cfg, "hc_mult") or 1,
         mxfp4_experts=expert_dtype == "fp4",
         kv_sources=tuple(i for i in _ints(cfg, "kv_source_layer_ids") if i < num_layers),
         index_sources=tuple(i for i in _ints(cfg, "index_source_layer_ids") if i < num_layers),
