@@ -32,8 +32,10 @@ replicated on each tensor-parallel GPU (``max_tp_shards=1``).
 block size, and the same window for sliding ones) form a bucket; a bucket whose page sizes occur equally
 often is a repeating pattern that may be split into groups of ``repeats`` pattern repeats, ``repeats`` chosen
 by ``_approximate_gcd`` (the least padding, at least the largest mixed bucket's count; ties go to the larger);
-other buckets stay whole. A group's page is the sum of its layers' pages, every group draws block ids from
-one shared pool, and one block id costs the largest group page (the pool's stride). A full-length request
+other buckets stay whole, but a state bucket (rings; windows when nothing repeats: DeepSeek-V4.1) is split
+into as many groups as it takes for each to fit the widest other group's page. A group's page is the sum of
+its layers' pages, every group draws block ids from one shared pool, and one block id costs the largest
+group page (the pool's stride). A full-length request
 holds ``cdiv(max_model_len, block)`` blocks in a full-attention group and
 ``cdiv(min(window - 1 + in-flight tokens, max_model_len), block) + 1`` in a windowed one
 (:func:`sidecar.budget.kv_groups.sliding_window_blocks`), summed over the groups: the concurrency vLLM logs

@@ -289,7 +289,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     state = state_terms(request, per_layer)
     block = state.block_size if state else request.block_size
     pages = kv_pages(request, kinds, per_layer, block)
-    v4 = v4_terms(request)  # DeepSeek-V4: its own packed pool (sidecar.budget.deepseek_v4)
+    v4 = v4_terms(request)  # DeepSeek-V4, V4.1: their own packed pools (sidecar.budget.deepseek_v41)
     per_token, per_sequence = (
         (v4.per_token, v4.per_sequence)
         if v4
