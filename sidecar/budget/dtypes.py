@@ -6,7 +6,9 @@ beside it. The first seed article budgets int4 at 0.55 bytes per parameter
 ("约 0.5 字节, 含量化开销实际按 0.55 估"); that figure is :data:`INT4_EFFECTIVE_BYTES`.
 
 KV cache: ``auto`` follows the model's dtype (as vLLM does), bf16/fp16 take 2 bytes,
-fp8 (any of vLLM's ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``) and int8 take 1, int4 takes 0.5.
+fp8 (any of vLLM's ``fp8``, ``fp8_e4m3``, ``fp8_e5m2``) and int8 take 1, int4 takes 0.5, and ``nvfp4``
+(vLLM 0.32's FlashInfer NVFP4 KV: ``nvfp4_kv_cache_full_dim``, ``head/2 + head/16`` bytes a head for K and
+for V, ``FlashInferBackend.customize_spec``) 0.5625.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ KV_DTYPES: Final[dict[str, float]] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "nvfp4": NVFP4_BYTES,  # FlashInfer: head/2 bytes of E2M1 pairs and head/16 FP8 scales, K and V alike
 }
 """Bytes per KV-cache element for each explicit KV dtype (``auto`` resolves to the model dtype)."""
 
@@ -61,6 +64,7 @@ _ALIASES: Final[dict[str, str]] = {
     "gptq": "int4",
     "w4a16": "int4",
     "w8a8": "int8",
+    "nvfp4_4over6": "nvfp4",  # vLLM's NVFP4 KV with a scale search on SM100: the same pages
 }
 
 

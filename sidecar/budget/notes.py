@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.deepseek_v41 import v4_notes
+from sidecar.budget.dtypes import normalise_dtype
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
 from sidecar.budget.pipeline import PipelineStage
@@ -98,9 +99,32 @@ def plan_notes(
             "vLLM's FlashInfer and FlashAttention sparse backends store it; FlashMLA's stores 656 "
             "(fp8_ds_mla), about 10% fewer tokens in the pool, and vLLM picks the backend by GPU"
         )
+    notes.extend(_nvfp4_kv_note(request))
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)
+
+
+def _nvfp4_kv_note(request: PlanRequest) -> tuple[str, ...]:
+    """Where vLLM 0.32 refuses NVFP4 KV.
+
+    ``FlashInferBackend.supports_kv_cache_dtype`` and ``supports_combination``
+    (``v1/attention/backends/flashinfer.py``): from compute capability 8.0, and not at head size 64 on 8.x,
+    9.x and 12.x.
+    """
+    if normalise_dtype(request.kv_cache_dtype) != "nvfp4":
+        return ()
+    gpu = request.gpu.lower()
+    if any(name in gpu for name in ("v100", "t4")):
+        return (
+            f"NVFP4 KV runs on FlashInfer from compute capability 8.0: vLLM 0.32 refuses it on {request.gpu}",
+        )
+    if request.architecture.head_dim == 64 and not any(name in gpu for name in ("b200", "b100", "b300")):
+        return (
+            "NVFP4 KV at head size 64: vLLM 0.32 refuses it outside compute capability 10.x (FlashInfer's "
+            "FA2 prefill misreads such a cache)",
+        )
+    return ()
 
 
 def _loaded_weights_reasons(request: PlanRequest, paper: int) -> str:

@@ -314,3 +314,28 @@ def test_vllms_flashinfer_sampler_variable_is_read_as_vllm_reads_it(
     err = capsys.readouterr().err
     assert "VLLM_USE_FLASHINFER_SAMPLER='yes'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("spelling", ["nvfp4", "nvfp4_4over6"])
+def test_nvfp4_kv_is_four_and_a_half_bits_an_element(
+    spelling: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM 0.32's FlashInfer NVFP4 KV: head/2 bytes of values and head/16 scales for K and for V."""
+    bf16 = _plan_json(capsys, "--gpu", "h100", "--kv-cache-dtype", "bf16")
+    nvfp4 = _plan_json(capsys, "--gpu", "h100", "--kv-cache-dtype", spelling)
+    assert nvfp4["kv_bytes_per_token"] * 2 / 0.5625 == bf16["kv_bytes_per_token"]
+    assert not any("NVFP4 KV" in note for note in nvfp4["notes"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "refused"),
+    [("qwen2.5-7b", "h100", None), ("qwen2.5-0.5b", "h100", "head size 64"), ("qwen2.5-0.5b", "b200", None)],
+)
+def test_nvfp4_kv_says_where_vllm_refuses_it(
+    model: str, gpu: str, refused: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = _plan_json(capsys, "--model", model, "--gpu", gpu, "--kv-cache-dtype", "nvfp4")
+    said = [note for note in document["notes"] if "NVFP4 KV" in note]  # type: ignore[union-attr]
+    assert bool(said) is (refused is not None)
+    if refused:
+        assert refused in said[0]
