@@ -252,6 +252,9 @@ def test_pod_shape() -> None:
         {"vllm": {"tensorParallelSize": 0}},
         {"vllm": {"pipelineParallelSize": 0}},
         {"vllm": {"kvCacheDtype": "fp4"}},
+        {
+            "vllm": {"kvCacheDtype": "bf16"}
+        },  # vLLM 0.32's argparse refuses it (bfloat16), so vLLM never starts
         {"vllm": {"lora": {"maxLoraRank": 48}}},
         {"vllm": {"lora": {"maxLoras": 0}}},
         {"vllm": {"cpuOffloadGb": -1}},
@@ -269,6 +272,12 @@ def test_pod_shape() -> None:
 def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmError):
         chart.validate_schema(values)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "nvfp4", "fp8_e5m2"])
+def test_schema_takes_vllms_kv_cache_dtype_spellings(dtype: str) -> None:
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema({"vllm": {"kvCacheDtype": dtype}})
 
 
 def test_schema_takes_a_drafter_model_without_a_method() -> None:
