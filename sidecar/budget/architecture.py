@@ -36,7 +36,7 @@ from sidecar.budget.layer_shape import FALCON_TYPES, LLAMA_LAYER, LayerShape, la
 from sidecar.budget.longcat import ATTENTION_BLOCKS, LongcatLayers, longcat_layers
 from sidecar.budget.mimo import MimoLayers, sliding_window
 from sidecar.budget.moe import TOP_K_FIELDS, MoeSpec, moe_from_config
-from sidecar.budget.quantization import checkpoint_quantization, packs_weights
+from sidecar.budget.quantization import checkpoint_quantization, packs_weights, quantization_method
 from sidecar.budget.rope import rope_cache_elements
 from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
@@ -91,6 +91,7 @@ class Architecture:
     moe: MoeSpec | None = None
     quantization: str | None = None
     packed_weights: bool = False  # tensors hold several weights an element: headers do not count parameters
+    quantization_method: str | None = None  # quantization_config.quant_method as published
     parameter_count: int | None = None
     parameter_source: str = "computed from config.json"
     derived_max_model_len: int | None = None  # the longest --max-model-len vLLM accepts
@@ -352,6 +353,7 @@ def architecture_from_config(config: Mapping[str, Any]) -> Architecture:
         moe=moe_from_config(cfg, model_type, intermediate, num_layers),
         quantization=checkpoint_quantization(top),
         packed_weights=packs_weights(top),
+        quantization_method=quantization_method(top),
         class_name=_class_name(top),
         draft_layers=first_int(cfg, "num_nextn_predict_layers", "num_mtp_modules") or 0,  # MiniMax-M3: latter
         rope_key=json.dumps(

@@ -100,9 +100,20 @@ def plan_notes(
             "(fp8_ds_mla), about 10% fewer tokens in the pool, and vLLM picks the backend by GPU"
         )
     notes.extend(_nvfp4_kv_note(request))
+    if arch.quantization_method == "bitsandbytes" and request.release.at_least(BITSANDBYTES_GONE):
+        notes.append(
+            f'vLLM {request.release} has no bitsandbytes quantization (on the real 0.32.0 server: "Unknown '
+            'quantization method: bitsandbytes"): it does not start with this checkpoint; serve an AWQ, GPTQ '
+            "or FP8 one, or a release that still has it"
+        )
     if 0 < max_concurrency < request.concurrency:
         notes.append(f"vLLM's pool holds {max_concurrency:.2f} full-length sequences, below the target")
     return tuple(notes)
+
+
+BITSANDBYTES_GONE: Final = 32
+"""The first release checked without bitsandbytes (0.32.0's ``QUANTIZATION_METHODS``; vLLM RFC #39583 proposed
+its removal); earlier releases are not claimed either way."""
 
 
 def _nvfp4_kv_note(request: PlanRequest) -> tuple[str, ...]:

@@ -21,11 +21,8 @@ def checkpoint_quantization(cfg: Mapping[str, Any]) -> str | None:  # noqa: PLR0
     multimodal models (``get_quantization_config``, ``transformers_utils/model_arch_config_convertor.py``;
     Kimi K3 publishes its quantisation there).
     """
-    text = cfg.get("text_config")
-    if "quantization_config" not in cfg and isinstance(text, Mapping):
-        cfg = text
-    quant = cfg.get("quantization_config")
-    if not isinstance(quant, Mapping):
+    quant = _quantization_config(cfg)
+    if quant is None:
         return None
     method = str(quant.get("quant_method", "")).lower()
     bits = quant.get("bits", quant.get("w_bit"))
@@ -66,6 +63,21 @@ def _modelopt_algo(quant: Mapping[str, Any]) -> str:
     return str(source.get("quant_algo", "")).upper()
 
 
+def _quantization_config(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``quantization_config`` where vLLM reads it: the top level, else ``text_config``'s."""
+    text = cfg.get("text_config")
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping) and isinstance(text, Mapping):
+        quant = text.get("quantization_config")
+    return quant if isinstance(quant, Mapping) else None
+
+
+def quantization_method(cfg: Mapping[str, Any]) -> str | None:
+    """The checkpoint's ``quant_method`` as published (lower case), else ``None``."""
+    quant = _quantization_config(cfg)
+    return str(quant.get("quant_method", "")).lower() or None if quant is not None else None
+
+
 PACKING_METHODS = frozenset({"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin", "mxfp4"})
 """Methods whose tensors hold several weights an element: AWQ and GPTQ pack 32 / ``bits`` into an int32
 (``qweight``), gpt-oss's MXFP4 two into a byte (``*_blocks``)."""
@@ -77,11 +89,8 @@ def packs_weights(cfg: Mapping[str, Any]) -> bool:
     4-bit formats, and DeepSeek-V4's and V4.1's ``expert_dtype`` ``fp4`` experts (two values a byte): their
     safetensors headers' element counts are not parameters, so the config's arithmetic stands.
     """
-    text = cfg.get("text_config")
-    quant = cfg.get("quantization_config")
-    if not isinstance(quant, Mapping) and isinstance(text, Mapping):
-        quant = text.get("quantization_config")
-    if not isinstance(quant, Mapping):
+    quant = _quantization_config(cfg)
+    if quant is None:
         return False
     method = str(quant.get("quant_method", "")).lower()
     default_experts = _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type")))

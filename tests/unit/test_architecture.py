@@ -8,10 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.budget import MODELS, LayerKind, architecture_from_config, load_architecture, resolve_model
+from sidecar.budget import (
+    MODELS,
+    LayerKind,
+    PlanRequest,
+    architecture_from_config,
+    build_ledger,
+    load_architecture,
+    resolve_model,
+)
 from sidecar.budget.dtypes import weight_bytes_per_param
 from sidecar.budget.parameters import computed_parameter_count
 from sidecar.errors import ConfigError, UnknownModelError
+from sidecar.units import GIB
 
 # model id: layers, attention heads, KV heads, head dim, hidden, intermediate, vocab, tied, sliding layers
 EXPECTED = {
@@ -298,3 +307,12 @@ def test_nvfp4_weights_take_four_and_a_half_bits_in_the_linear_layers_only() -> 
     assert weight_bytes_per_param("nvfp4") == 0.5625
     nvfp4 = {**BASE, "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
     assert architecture_from_config(nvfp4).packed_weights  # two values a byte: headers are not parameters
+
+
+@pytest.mark.parametrize(("version", "said"), [("0.32.0", True), ("0.31.0", False)])
+def test_a_bitsandbytes_checkpoint_is_named_where_vllm_has_no_such_method(version: str, said: bool) -> None:
+    """vLLM 0.32.0's real server: '--quantization bitsandbytes' is 'Unknown quantization method'."""
+    bnb = {**BASE, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
+    request = PlanRequest(architecture_from_config(bnb), 24 * GIB, max_model_len=4096, vllm_version=version)
+    ledger = build_ledger(request)
+    assert any("no bitsandbytes quantization" in note for note in ledger.notes) is said
