@@ -75,8 +75,8 @@ SWA_BLOCK: Final = 32  # DeepseekV4SWACache(block_size=32) in V4.1's attention
 INDEX_BYTES: Final = 132  # _indexer_k_cache_head_dim: 128 FP8 values and a float32 scale
 BLACKWELL_NAMES: Final = ("b100", "b200", "gb200", "b300", "gb300")
 """Compute capability 10.x: V4.1's MXFP8 records and 128-token blocks (``_use_v41_mxfp8_kv_record``)."""
-SM12_NAMES: Final = ("rtx 50", "5090", "5080", "rtx pro", "gb10", "spark", "thor")
-"""Compute capability 12.x: FlashInfer's SM120 attention class, whose records are not modelled."""
+SM12_NAMES: Final = ("5090", "5080", "5070", "5060", "rtx pro", "gb10", "spark")
+"""Compute capability 12.x (GeForce RTX 50, RTX PRO Blackwell, GB10): FlashInfer's SM120 class, unmodelled."""
 WV_GROUP_SIZE: Final = 8  # heads per wo_a group mega attention needs (common/ops/fused_layout.py)
 ENGRAM_SCALE_BLOCK: Final = 32  # ParallelEngramEmbedding: one UE8M0 scale byte per 32 FP8 values
 

@@ -240,3 +240,13 @@ def test_the_engram_tables_are_not_counted_from_the_headers(tmp_path: Path) -> N
     arch = load_architecture(tmp_path)
     assert not arch.packed_weights
     assert arch.parameter_count == 32
+
+
+@pytest.mark.parametrize(
+    ("gpu", "named"),
+    [("NVIDIA GeForce RTX 5090", True), ("NVIDIA GB10", True), ("NVIDIA RTX 5000 Ada Generation", False)],
+)
+def test_compute_capability_12_is_named_as_not_modelled(gpu: str, named: bool) -> None:
+    request = PlanRequest(architecture_from_config(FLASH), 120 * GIB, gpu=gpu, max_model_len=65536)
+    notes = " ".join(build_ledger(request).notes)
+    assert ("FlashInfer's SM120 class" in notes) is named
