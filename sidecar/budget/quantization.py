@@ -78,7 +78,7 @@ def quantization_method(cfg: Mapping[str, Any]) -> str | None:
     return str(quant.get("quant_method", "")).lower() or None if quant is not None else None
 
 
-PACKING_METHODS = frozenset({"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin", "mxfp4"})
+PACKING_METHODS: Final = frozenset({"awq", "gptq", "marlin", "awq_marlin", "gptq_marlin", "mxfp4"})
 """Methods whose tensors hold several weights an element: AWQ and GPTQ pack 32 / ``bits`` into an int32
 (``qweight``), gpt-oss's MXFP4 two into a byte (``*_blocks``)."""
 
@@ -92,7 +92,7 @@ def packs_weights(cfg: Mapping[str, Any]) -> bool:
     quant = _quantization_config(cfg)
     if quant is None:
         return False
-    method = str(quant.get("quant_method", "")).lower()
+    method = quantization_method(cfg)
     default_experts = _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type")))
     experts = quant.get("expert_dtype", cfg.get("expert_dtype", default_experts))
     packed = checkpoint_quantization(cfg) in {"int4", "nvfp4"}
