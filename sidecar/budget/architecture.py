@@ -1,19 +1,17 @@
 """A model's shape, read from a Hugging Face ``config.json``: everything the KV arithmetic needs.
 
-:func:`architecture_from_config` is pure (a dict in, an :class:`Architecture` out);
-:func:`load_architecture` reads a ``config.json`` file or a model directory, and in a directory
-also reads the exact parameter count from the safetensors files when they are there
-(see :mod:`sidecar.budget.safetensors`).
+:func:`architecture_from_config` is pure (a dict in, an :class:`Architecture` out); :func:`load_architecture`
+reads a ``config.json`` file or a model directory, and in a directory also reads the exact parameter count
+from the safetensors files when they are there (see :mod:`sidecar.budget.safetensors`).
 
 Field fallbacks follow vLLM: KV heads are the first present of ``n_head_kv``, ``num_kv_heads``,
 ``num_key_value_heads`` and ``multi_query_group_num``, else the attention heads; the head size is
-``head_dim``, else ``hidden_size_per_head``, else ``hidden_size // num_attention_heads``.
-Multimodal configs keep the language model under ``text_config``.
+``head_dim``, else ``hidden_size_per_head``, else ``hidden_size // num_attention_heads``. Multimodal configs
+keep the language model under ``text_config``.
 
-Which layers attend, in a window or chunk, or keep a recurrent state: :mod:`sidecar.budget.layer_kinds`.
-Llama 4's QK norm is ``Llama4TextL2Norm`` (``modeling_llama4.py``; vLLM: ``RMSNorm(...,
-has_weight=False)``), which has no weight, so ``qk_norm`` stays off for the parameter count. Its MoE layers:
-:mod:`sidecar.budget.moe`.
+Which layers attend, in a window or chunk, or keep a recurrent state: :mod:`sidecar.budget.layer_kinds`. Llama
+4's QK norm is ``Llama4TextL2Norm`` (``modeling_llama4.py``; vLLM: ``RMSNorm(..., has_weight=False)``), which
+has no weight, so ``qk_norm`` stays off for the parameter count. Its MoE layers: :mod:`sidecar.budget.moe`.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from sidecar.budget.mimo import MimoLayers, sliding_window
 from sidecar.budget.moe import TOP_K_FIELDS, MoeSpec, moe_from_config
 from sidecar.budget.quantization import checkpoint_quantization, packs_weights, quantization_method
 from sidecar.budget.rope import rope_cache_elements
-from sidecar.budget.safetensors import draft_tensor_filter, measured_parameter_count
+from sidecar.budget.safetensors import TensorFilter, draft_tensor_filter, measured_parameter_count
 from sidecar.budget.state_layers import StateSpec, state_spec
 from sidecar.budget.step3p5 import attention_geometries
 from sidecar.budget.unmodelled import unmodelled_features
@@ -381,6 +379,12 @@ def _class_name(top: Mapping[str, Any]) -> str | None:
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
+def unloaded_tensors(arch: Architecture) -> TensorFilter:
+    """The checkpoint tensors vLLM does not put on the GPU: draft layers, DeepSeek-V4.1's n-gram tables."""
+    host_tables = arch.v4 is not None and bool(arch.v4.engram_rows)
+    return draft_tensor_filter(arch.num_layers, arch.draft_layers, host_tables=host_tables)
+
+
 def load_architecture(path: Path) -> Architecture:
     """Load the architecture from a ``config.json`` file or a model directory that holds one."""
     config_path = path / "config.json" if path.is_dir() else path
@@ -390,9 +394,7 @@ def load_architecture(path: Path) -> Architecture:
         )
     arch = architecture_from_config(read_config_file(config_path))
     if path.is_dir() and not arch.packed_weights:  # packed 4-bit elements are not parameters: computed
-        host_tables = arch.v4 is not None and bool(arch.v4.engram_rows)
-        skipped = draft_tensor_filter(arch.num_layers, arch.draft_layers, host_tables=host_tables)
-        measured = measured_parameter_count(path, arch.dtype, skipped)
+        measured = measured_parameter_count(path, arch.dtype, unloaded_tensors(arch))
         if measured is not None:
             arch = arch.with_parameter_count(*measured)
     return arch

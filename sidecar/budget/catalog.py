@@ -24,10 +24,11 @@ from sidecar.budget.architecture import (
     architecture_from_config,
     load_architecture,
     read_config_file,
+    unloaded_tensors,
 )
 from sidecar.budget.drafters import Drafter
 from sidecar.budget.hub import HubSnapshot, hub_snapshot, looks_like_hub_id
-from sidecar.budget.safetensors import draft_tensor_filter, hub_parameter_count
+from sidecar.budget.safetensors import hub_parameter_count
 from sidecar.budget.speculative import DRAFTLESS_METHODS, SpeculativeSettings
 from sidecar.errors import ConfigError, ModelUnavailableError, UnknownGpuError, UnknownModelError
 from sidecar.units import MIB
@@ -143,8 +144,7 @@ def _from_catalog(model: CatalogModel) -> ResolvedModel:
 
 def _from_snapshot(snapshot: HubSnapshot) -> ResolvedModel:
     architecture = load_architecture(snapshot.directory)
-    host_tables = architecture.v4 is not None and bool(architecture.v4.engram_rows)
-    skipped = draft_tensor_filter(architecture.num_layers, architecture.draft_layers, host_tables=host_tables)
+    skipped = unloaded_tensors(architecture)
     count = hub_parameter_count(snapshot.hub_metadata, skipped) if snapshot.hub_metadata else None
     if architecture.parameter_source.startswith("computed") and count and not architecture.packed_weights:
         architecture = architecture.with_parameter_count(count, "the Hub's safetensors metadata")

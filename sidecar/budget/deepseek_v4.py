@@ -53,6 +53,7 @@ from typing import Any, Final
 from sidecar.budget.config_fields import first_int
 from sidecar.budget.dtypes import normalise_dtype
 from sidecar.budget.kv_groups import sliding_window_blocks
+from sidecar.budget.quantization import expert_dtype
 
 V4_TYPES: Final = frozenset({"deepseek_v4"})
 V41_TYPES: Final = frozenset({"deepseek_v41", "deepseek_v41_text"})  # :mod:`sidecar.budget.deepseek_v41`
@@ -93,9 +94,7 @@ class V4Attention:
     engram_layers: tuple[int, ...] = ()  # V4.1: the layers with n-gram tables (sidecar.budget.deepseek_v41)
     engram_rows: tuple[int, ...] = ()  # their tables' rows (engram_num_embeddings)
     engram_width: int = 0  # a row's values (engram_head_dim) ...
-    engram_columns: int = (
-        0  # ... and the hashes a token looks up: (engram_max_ngram_size - 1) x engram_n_heads
-    )
+    engram_columns: int = 0  # ... and the hashes a token looks up: (max n-gram - 1) x engram_n_heads
 
     @property
     def v41(self) -> bool:
@@ -189,12 +188,10 @@ def _ints(cfg: Mapping[str, Any], key: str) -> tuple[int, ...]:
 def _v41_attention(cfg: Mapping[str, Any], num_layers: int) -> V4Attention:
     """DeepSeek-V4.1 (``DeepseekV41Config``, vLLM 0.32.0): ratios 0, 1 or 2 as published, past the list 0."""
     ratios = _ints(cfg, "compress_ratios")[:num_layers]
-    quantization = cfg.get("quantization_config")
-    expert_dtype = cfg.get("expert_dtype") or (quantization or {}).get("expert_dtype", "fp4")
     return replace(
         _geometry(cfg),
         ratios=ratios + (0,) * (num_layers - len(ratios)),
-        mxfp4_experts=expert_dtype == "fp4",
+        mxfp4_experts=expert_dtype(cfg, "fp4") == "fp4",
         kv_sources=tuple(i for i in _ints(cfg, "kv_source_layer_ids") if i < num_layers),
         index_sources=tuple(i for i in _ints(cfg, "index_source_layer_ids") if i < num_layers),
         engram_layers=_ints(cfg, "engram_layer_ids"),

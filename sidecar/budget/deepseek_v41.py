@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 SWA_BLOCK: Final = 32  # DeepseekV4SWACache(block_size=32) in V4.1's attention
 INDEX_BYTES: Final = 132  # _indexer_k_cache_head_dim: 128 FP8 values and a float32 scale
 BLACKWELL_NAMES: Final = ("b100", "b200", "gb200", "b300", "gb300")
-"""Compute capability 10.x: V4.1's MXFP8 records and 128-token blocks (``_use_v41_mxfp8_kv_record``)."""
+"""GPU names of compute capability 10.x (data-centre Blackwell): V4.1's MXFP8 records; NVFP4 KV at head 64."""
 SM12_NAMES: Final = ("5090", "5080", "5070", "5060", "rtx pro", "gb10", "spark")
 """Compute capability 12.x (GeForce RTX 50, RTX PRO Blackwell, GB10): FlashInfer's SM120 class, unmodelled."""
 WV_GROUP_SIZE: Final = 8  # heads per wo_a group mega attention needs (common/ops/fused_layout.py)

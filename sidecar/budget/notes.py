@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from sidecar.budget.deepseek_v41 import v4_notes
+from sidecar.budget.deepseek_v41 import BLACKWELL_NAMES, v4_notes
 from sidecar.budget.dtypes import normalise_dtype
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
@@ -130,7 +130,7 @@ def _nvfp4_kv_note(request: PlanRequest) -> tuple[str, ...]:
         return (
             f"NVFP4 KV runs on FlashInfer from compute capability 8.0: vLLM 0.32 refuses it on {request.gpu}",
         )
-    if request.architecture.head_dim == 64 and not any(name in gpu for name in ("b200", "b100", "b300")):
+    if request.architecture.head_dim == 64 and not any(name in gpu for name in BLACKWELL_NAMES):
         return (
             "NVFP4 KV at head size 64: vLLM 0.32 refuses it outside compute capability 10.x (FlashInfer's "
             "FA2 prefill misreads such a cache)",

@@ -72,6 +72,17 @@ def _quantization_config(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return quant if isinstance(quant, Mapping) else None
 
 
+def expert_dtype(cfg: Mapping[str, Any], default: str | None = None) -> str | None:
+    """The experts' format as DeepSeek-V4.1 reads it (``None``: the config names none and no ``default``).
+
+    The config's ``expert_dtype``, else its ``quantization_config``'s (``DeepseekV41Config`` copies it up).
+    """
+    if "expert_dtype" in cfg:
+        return str(cfg["expert_dtype"])
+    quant = _quantization_config(cfg)
+    return str(quant["expert_dtype"]) if quant is not None and "expert_dtype" in quant else default
+
+
 def quantization_method(cfg: Mapping[str, Any]) -> str | None:
     """The checkpoint's ``quant_method`` as published (lower case), else ``None``."""
     quant = _quantization_config(cfg)
@@ -93,8 +104,7 @@ def packs_weights(cfg: Mapping[str, Any]) -> bool:
     if quant is None:
         return False
     method = quantization_method(cfg)
-    default_experts = _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type")))
-    experts = quant.get("expert_dtype", cfg.get("expert_dtype", default_experts))
+    experts = expert_dtype(cfg, _DEFAULT_EXPERT_DTYPE.get(str(cfg.get("model_type"))))
     packed = checkpoint_quantization(cfg) in {"int4", "nvfp4"}
     return method in PACKING_METHODS or packed or experts == "fp4"
 

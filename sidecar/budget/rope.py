@@ -37,7 +37,7 @@ from sidecar.budget.deepseek_v4 import V4_TYPES, V41_TYPES, v4_attention
 
 NO_ROPE_TYPES: Final = frozenset({"gpt2", "gpt_bigcode", "opt", "bloom", "mpt"})
 """Families with learned or ALiBi positions (Falcon too when ``alibi`` is set): no table."""
-FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss", "deepseek_v4", "deepseek_v41", "deepseek_v41_text"})
+FLOAT32_ROPE_TYPES: Final = frozenset({"gpt_oss"}) | V4_TYPES | V41_TYPES
 """Families whose vLLM module asks ``get_rope`` for a float32 table (DeepSeek-V4: its rotary class does)."""
 _TWO_TABLE_TYPES: Final = frozenset({"gemma3", "gemma3_text"})
 
