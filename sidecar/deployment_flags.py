@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
+from sidecar.budget.kv_formats import KV_FORMATS, VLLM_KV_FORMATS
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
 from sidecar.budget.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS, LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
@@ -48,11 +49,12 @@ def vllm_version(text: str) -> str:
 
 
 def kv_dtype(text: str) -> str:
-    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3`` and ``fp8_e5m2`` are both 1-byte FP8)."""
+    """``--kv-cache-dtype``: ours or vLLM's spelling (``fp8_e4m3``, ``turboquant_k8v4``: ``kv_formats``)."""
     value = normalise_dtype(text)
-    if value not in {"auto", *KV_DTYPES}:
+    if value not in {"auto", *KV_DTYPES, *VLLM_KV_FORMATS}:
         raise UsageError(
-            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)} or fp8_e4m3/fp8_e5m2"
+            f"invalid KV cache dtype {text!r}: use auto, {', '.join(KV_DTYPES)}, fp8_e4m3/fp8_e5m2 or one "
+            f"of vLLM's formats: {', '.join(KV_FORMATS)}"
         )
     return value
 
@@ -94,7 +96,7 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
         type=kv_dtype,
         default=default("auto"),
         help="KV cache dtype: auto (the model's), bf16, fp16, fp8, int8, int4, or vLLM's spellings "
-        "(bfloat16, fp8_e4m3, fp8_e5m2, ...)",
+        "(bfloat16, fp8_e4m3, fp8_e5m2, nvfp4, int8_per_token_head, turboquant_k8v4, ...)",
     )
     add(
         "--max-model-len",

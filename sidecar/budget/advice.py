@@ -19,6 +19,7 @@ from typing import Final
 
 from sidecar.budget.catalog import find_gpu
 from sidecar.budget.dtypes import kv_bytes_per_element, weight_bytes_per_param
+from sidecar.budget.kv_formats import kv_format
 from sidecar.budget.ledger import Ledger, PlanRequest, build_ledger
 from sidecar.budget.lora import LORA_RANKS
 from sidecar.budget.verdict import Verdict
@@ -81,7 +82,8 @@ def advise(request: PlanRequest) -> list[Option]:
     if current.verdict is Verdict.FITS:
         return []
     model_dtype = request.architecture.dtype
-    kv_is_wide = kv_bytes_per_element(request.kv_cache_dtype, model_dtype) > 1
+    packed = kv_format(request.kv_cache_dtype) is not None  # vLLM's packed formats are 1 byte or less
+    kv_is_wide = not packed and kv_bytes_per_element(request.kv_cache_dtype, model_dtype) > 1
     weight_bytes = weight_bytes_per_param(request.effective_weight_dtype)
     candidates: list[tuple[str, dict[str, str | int]]] = []
     if kv_is_wide:

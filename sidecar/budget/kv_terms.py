@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar.budget.architecture import Architecture
-from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_element, normalise_dtype
+from sidecar.budget.dtypes import kv_bytes_per_element, normalise_dtype
+from sidecar.budget.kv_formats import native_kv_element, packed_layer_bytes
 from sidecar.budget.kv_groups import KvGroups, chunked_local_blocks, sliding_window_blocks
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.speculative import drafter_kv_layers
@@ -26,9 +27,11 @@ if TYPE_CHECKING:
 def layer_kv_bytes_per_token(request: PlanRequest) -> float:
     """Bytes one token costs in one attention layer on one GPU (with a DSA indexer's cache, on average)."""
     arch = request.architecture
-    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
-    if normalise_dtype(request.kv_cache_dtype) == "auto" and served in FLOAT_DTYPES:
-        element = WEIGHT_DTYPES[served]  # --dtype float32: the KV cache is float32 too
+    packed = packed_layer_bytes(request)  # vLLM's packed formats (sidecar.budget.kv_formats)
+    if packed is not None:
+        return packed
+    if normalise_dtype(request.kv_cache_dtype) == "auto":
+        element = native_kv_element(request)  # --dtype float32: the KV cache is float32 too
     else:
         element = kv_bytes_per_element(request.kv_cache_dtype, arch.dtype)
     indexer = arch.indexer  # its own cache in the same group: spread over the layers, the total is exact
@@ -194,16 +197,19 @@ def full_request_blocks(
 
 
 def reported_pool_tokens(
-    request: PlanRequest, groups: KvGroups, state: StateTerms | None, pool: tuple[float, int, int]
+    request: PlanRequest, groups: KvGroups, state: StateTerms | None, pool: tuple[float, int, int], block: int
 ) -> int:
-    """The "KV cache size: N tokens" vLLM logs, from (exact concurrency, num_gpu_blocks, all-layer blocks)."""
+    """The "KV cache size: N tokens" vLLM logs, from (exact concurrency, num_gpu_blocks, all-layer blocks).
+
+    ``block``: the block vLLM settled on (raised for state layers and for TurboQuant's boundary layers).
+    """
     exact_concurrency, pool_blocks, num_blocks = pool
     grouped = groups.sliding + groups.chunked + groups.state > 0
     if request.release.pool_tokens_are_concurrency_times_length(windowed=grouped):
         return int(exact_concurrency * request.effective_max_model_len)
     if state:  # before 0.22: the blocks shared out over the groups
         return pool_blocks // (groups.full + groups.state) * state.block_size
-    return num_blocks * request.block_size
+    return num_blocks * block
 
 
 def state_note(request: PlanRequest, state: StateTerms | None, state_groups: int) -> tuple[str, ...]:

@@ -57,6 +57,7 @@ from sidecar.budget.architecture import Architecture
 from sidecar.budget.deepseek_v41 import v4_terms
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype, weight_bytes_per_param
 from sidecar.budget.experts import ExpertPlacement, expert_placement
+from sidecar.budget.kv_formats import VLLM_KV_FORMATS, kv_format_notes, packed_block_size
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.kv_terms import (
     full_request_blocks,
@@ -156,9 +157,10 @@ class PlanRequest:
         if not 0.0 < utilization <= 1.0:
             raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {utilization}")
         kv = normalise_dtype(self.kv_cache_dtype)
-        if kv != "auto" and kv not in KV_DTYPES:
+        if kv != "auto" and kv not in KV_DTYPES and kv not in VLLM_KV_FORMATS:
             raise UsageError(
-                f"unknown KV cache dtype {self.kv_cache_dtype!r}: use auto, bf16, fp16, fp8, int8, int4"
+                f"unknown KV cache dtype {self.kv_cache_dtype!r}: use auto, bf16, fp16, fp8, int8, int4, "
+                "or one of vLLM's formats (fp8_e4m3, int8_per_token_head, turboquant_k8v4, ...)"
             )
         weight_bytes_per_param(self.effective_weight_dtype)  # validates
         check_as_vllm_does(self)
@@ -287,7 +289,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     per_layer = layer_kv_bytes_per_token(request)
     kinds, extra = kv_layer_kinds(request), drafter_extra_kv_bytes(request, per_layer)
     state = state_terms(request, per_layer)
-    block = state.block_size if state else request.block_size
+    block = state.block_size if state else packed_block_size(request, request.block_size)
     pages = kv_pages(request, kinds, per_layer, block)
     v4 = v4_terms(request)  # DeepSeek-V4, V4.1: their own packed pools (sidecar.budget.deepseek_v41)
     per_token, per_sequence = (
@@ -339,7 +341,9 @@ def build_ledger(request: PlanRequest) -> Ledger:
         )
     exact_concurrency = pool_blocks / request_blocks if request_blocks else 0.0
     max_concurrency = round(exact_concurrency, 2)
-    pool_tokens = reported_pool_tokens(request, groups, state, (exact_concurrency, pool_blocks, num_blocks))
+    pool_tokens = reported_pool_tokens(
+        request, groups, state, (exact_concurrency, pool_blocks, num_blocks), block
+    )
 
     return Ledger(
         request=request,
@@ -359,7 +363,8 @@ def build_ledger(request: PlanRequest) -> Ledger:
         max_concurrency=max_concurrency,
         verdict=plan_verdict(request.gpu_memory_bytes, total, max_concurrency, request.concurrency),
         notes=plan_notes(request, max_concurrency, (weights, profile["weights"]), stages)
-        + state_note(request, state, groups.state),
+        + state_note(request, state, groups.state)
+        + kv_format_notes(request, block),
         profile={"requested": requested, **profile},
         profile_batch=(tokens, min(seqs, tokens)),
         stages=stages,

@@ -8,6 +8,8 @@
 * ``--enable-lora`` on a model class without LoRA support, with an LM head adapter over too large a
   vocabulary, or a fully sharded rank that the TP size does not divide
   (:func:`sidecar.budget.lora.check_lora`).
+* A packed ``--kv-cache-dtype`` the release lacks, one on an MLA model, or TurboQuant on a state hybrid
+  before 0.22 (:func:`sidecar.budget.kv_formats.check_kv_format`).
 * An EAGLE-3 drafter on a model class that does not hand it hidden states
   (:func:`sidecar.budget.speculative.check_speculative`).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sidecar.budget.kv_formats import check_kv_format
 from sidecar.budget.lora import check_lora
 from sidecar.budget.speculative import check_speculative
 from sidecar.errors import UsageError
@@ -50,3 +53,4 @@ def check_as_vllm_does(request: PlanRequest) -> None:
     if request.lora is not None:
         check_lora(arch, request.lora, tp)
     check_speculative(request)
+    check_kv_format(request)

@@ -16,6 +16,7 @@ from typing import Any
 
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
+from sidecar.budget.kv_formats import KV_FORMATS
 from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
 from sidecar.budget.lora import LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
@@ -79,7 +80,7 @@ def _engine_kv_dtype(config: CacheConfig | None) -> str | None:
     if config is None or config.cache_dtype is None:
         return None
     dtype = normalise_dtype(config.cache_dtype)
-    return dtype if dtype == "auto" or dtype in KV_DTYPES else None
+    return dtype if dtype == "auto" or dtype in KV_DTYPES or dtype in KV_FORMATS else None
 
 
 def _mamba_dtype(given: str, reported: str | None) -> str:

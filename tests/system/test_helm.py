@@ -16,10 +16,11 @@ import yaml
 
 from sidecar.admission.decide import AdmissionMode, OnPressure
 from sidecar.admission.pressure import StaleMode
+from sidecar.budget.kv_formats import KV_FORMATS
 from sidecar.budget.lora import LORA_RANKS, LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.cli import build_parser, plan_inputs_from_args
-from sidecar.deployment_flags import VLLM_VARIABLES, lora_slots_from_args
+from sidecar.deployment_flags import VLLM_VARIABLES, kv_dtype, lora_slots_from_args
 from sidecar.server import gateway
 from sidecar.units import GIB
 
@@ -274,10 +275,18 @@ def test_schema_rejects_bad_values(values: dict[str, Any]) -> None:
         chart.validate_schema(values)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "nvfp4", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "nvfp4", "fp8_e5m2", "turboquant_k8v4"])
 def test_schema_takes_vllms_kv_cache_dtype_spellings(dtype: str) -> None:
     with helm.Chart.load(str(CHART)) as chart:
         chart.validate_schema({"vllm": {"kvCacheDtype": dtype}})
+
+
+def test_schema_offers_every_packed_kv_format_the_planner_models_and_only_spellings_it_reads() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    offered = set(schema["properties"]["vllm"]["properties"]["kvCacheDtype"]["enum"])
+    assert set(KV_FORMATS) <= offered
+    for dtype in offered:
+        assert kv_dtype(dtype)  # the sidecar container gets the same flag: it must not refuse it
 
 
 def test_schema_takes_a_drafter_model_without_a_method() -> None:
