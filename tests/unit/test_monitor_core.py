@@ -323,3 +323,15 @@ def test_a_smaller_pool_for_a_model_the_plan_leaves_partly_out_names_what_it_lea
         assert (
             "the plan does not model KimiLinearForCausalLM's recurrent-state layers" in drift.advice
         ) is names_it
+
+
+def test_an_engine_started_with_a_packed_kv_format_is_planned_in_it() -> None:
+    """vLLM's cache_dtype label names the format: before, it was dropped and the pool planned at bf16."""
+    config = _snapshot("int8_per_token_head").cache_config
+    request = resolve_plan_request(
+        PlanInputs(architecture=TINY, gpu_memory_bytes=24 * GIB, block_size=16), config, 1024, None
+    )
+    assert request is not None
+    assert request.kv_cache_dtype == "int8_per_token_head"
+    plain = build_ledger(replace(request, kv_cache_dtype="auto")).kv_bytes_per_token
+    assert build_ledger(request).kv_bytes_per_token < plain
