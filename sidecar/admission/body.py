@@ -369,6 +369,8 @@ def request_facts(
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored
     body_priority = _optional_int(body, "priority")
     truncate = _optional_int(body, "truncate_prompt_tokens")
+    if path.endswith("/responses") and body.get("truncation", "disabled") != "disabled":
+        truncate = -1  # vLLM truncates the input instead (ResponsesRequest.build_tok_params): "auto", null
     interval = None if path.endswith("/responses") else _optional_int(body, "stream_interval")
     if truncate is not None and truncate > 0:
         counts = [min(count, truncate) for count in counts]

@@ -12,6 +12,10 @@ sends every case to both; the README's table lists them):
   Refused here only when the count is exact (token ids, or the model's tokenizer and template):
   an estimate never causes a 400. Each prompt of a batch is checked on its own.
 * With ``truncate_prompt_tokens`` vLLM truncates a long prompt instead of refusing it: no refusal here.
+  ``/v1/responses`` asks for it with ``truncation`` other than ``"disabled"`` (``build_tok_params`` in
+  ``entrypoints/openai/responses/protocol.py``): with ``max_output_tokens`` the real 0.32 server serves a
+  1,600-token input on a 1,024-token model, keeping 1,023; without it 0.32 still answers 400 (0.33 serves
+  it), which comes back from vLLM itself.
 * ``prompt + max_tokens`` above ``max_model_len`` is *served*: vLLM shortens the output to the room
   left (``get_max_tokens`` takes the minimum). The sidecar forwards it, its reservation capped at
   ``max_model_len``.

@@ -31,6 +31,8 @@ def _body(case: dict[str, Any]) -> dict[str, Any]:
     body = dict(case["body"])
     if "prompt_ids" in body:
         body["prompt"] = [5] * body.pop("prompt_ids")
+    if "input_repeat" in body:  # a Responses input of about four tokens a repeat (the tiny model's tokenizer)
+        body["input"] = "the kv cache grows " * body.pop("input_repeat")
     return body
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from sidecar.admission.body import RequestFacts
+from sidecar.admission.body import RequestFacts, request_facts
 from sidecar.admission.outcomes import Reason
 from sidecar.admission.outputs import OutputLengths, OutputSettings
 from sidecar.admission.parity import engine_refusal
 from sidecar.admission.rates import RATE_MARGIN, ReleaseRate, StepClock, Steps
+from sidecar.admission.tokens import EstimatingCounter
 from sidecar.signals.vllm import parse_vllm_metrics
 
 ROUTE = "/v1/chat/completions"
@@ -189,3 +191,19 @@ def test_a_stream_raises_the_step_clocks_lower_bound_between_scrapes() -> None:
     assert clock.bounds(1.2).low == 1400
     clock.observe(2.0, 10)  # the engine restarted: what the streams proved is gone with it
     assert clock.bounds(2.0).low == 10
+
+
+@pytest.mark.parametrize(
+    ("truncation", "refused"),
+    [
+        ({"truncation": "auto"}, False),  # vLLM truncates the input to max_model_len - 1 and serves it
+        ({"truncation": None}, False),  # not "disabled": vLLM truncates, then fails its answer (its own 400)
+        ({"truncation": "disabled"}, True),
+        ({}, True),  # the default is "disabled"
+    ],
+)
+def test_a_responses_input_vllm_truncates_is_not_refused(truncation: dict[str, object], refused: bool) -> None:
+    """The real 0.32 server serves a 1,600-token input with ``truncation: "auto"`` (1,023 tokens kept)."""
+    body = {"model": "m", "input": "x", "max_output_tokens": 8, **truncation}
+    facts = replace(request_facts("/v1/responses", body, EstimatingCounter()), prompts=(1600,), exact=True)
+    assert (engine_refusal(facts, MML) is not None) is refused
