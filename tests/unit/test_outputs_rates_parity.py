@@ -202,7 +202,9 @@ def test_a_stream_raises_the_step_clocks_lower_bound_between_scrapes() -> None:
         ({}, True),  # the default is "disabled"
     ],
 )
-def test_a_responses_input_vllm_truncates_is_not_refused(truncation: dict[str, object], refused: bool) -> None:
+def test_a_responses_input_vllm_truncates_is_not_refused(
+    truncation: dict[str, object], refused: bool
+) -> None:
     """The real 0.32 server serves a 1,600-token input with ``truncation: "auto"`` (1,023 tokens kept)."""
     body = {"model": "m", "input": "x", "max_output_tokens": 8, **truncation}
     facts = replace(request_facts("/v1/responses", body, EstimatingCounter()), prompts=(1600,), exact=True)
