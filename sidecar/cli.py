@@ -144,7 +144,7 @@ def _deployment_settings(args: argparse.Namespace) -> dict[str, Any]:
         "pipeline_parallel_size": args.pipeline_parallel_size,
         "data_parallel_size": args.data_parallel_size,
         "enable_expert_parallel": args.enable_expert_parallel,
-        "block_size": args.block_size,
+        "block_size": args.block_size or 0,  # 0: the release's default
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "activation_bytes": args.activation_memory,

@@ -13,10 +13,10 @@ from typing import Any, Final
 
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.kv_formats import KV_FORMATS, VLLM_KV_FORMATS
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, DEFAULT_OVERHEAD_BYTES, PlanRequest
+from sidecar.budget.ledger import DEFAULT_OVERHEAD_BYTES, PlanRequest
 from sidecar.budget.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS, LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
-from sidecar.budget.vllm_release import NEWEST_MODELLED, VllmRelease
+from sidecar.budget.vllm_release import DEFAULT_RELEASE, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
 from sidecar.flags import choice
 from sidecar.settings import default_of
@@ -135,14 +135,14 @@ def add_deployment_flags(parser: argparse.ArgumentParser, *, engine_fills_in: bo
     )
     expert_help = "vLLM --enable-expert-parallel: each GPU holds whole experts, not a slice of each"
     add("--enable-expert-parallel", action="store_true", help=expert_help)
-    block_default = default(DEFAULT_BLOCK_SIZE)
-    add("--block-size", type=parse_positive_int, default=block_default, help="tokens per KV block")
+    block_help = "tokens per KV block (default: vLLM's, 16; 64 from 0.34; run: the engine's)"
+    add("--block-size", type=parse_positive_int, default=None, help=block_help)
     add(
         "--vllm-version",
         type=vllm_version,
-        default=None if engine_fills_in else NEWEST_MODELLED,
-        help=f"the vLLM release whose defaults and profiling rules apply (default {NEWEST_MODELLED}"
-        + (", or what the engine's /version says)" if engine_fills_in else ")"),
+        default=None if engine_fills_in else DEFAULT_RELEASE,
+        help=f"the vLLM release whose defaults and profiling rules apply, read up to {NEWEST_MODELLED} "
+        f"(default {DEFAULT_RELEASE}" + (", or what the engine's /version says)" if engine_fills_in else ")"),
     )
     add("--enforce-eager", action="store_true", help="vLLM --enforce-eager: no CUDA graphs to budget")
     add(

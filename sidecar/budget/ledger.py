@@ -84,7 +84,14 @@ from sidecar.budget.profile import (
 from sidecar.budget.refusals import check_as_vllm_does
 from sidecar.budget.speculative import SpeculativeSettings, drafter_extra_kv_bytes, drafter_weight_bytes
 from sidecar.budget.verdict import Verdict, plan_verdict
-from sidecar.budget.vllm_release import DEFAULT_CUDA_GRAPH_BYTES, NEWEST_MODELLED, VllmRelease
+from sidecar.budget.vllm_release import (
+    CUDA_CONTEXT_BYTES,
+    DEFAULT_CUDA_GRAPH_BYTES,
+    DEFAULT_RELEASE,
+    EXTENSIBLE_MARGIN_FLOOR_BYTES,
+    EXTENSIBLE_MARGIN_FRACTION,
+    VllmRelease,
+)
 from sidecar.errors import UsageError
 from sidecar.units import GIB
 
@@ -111,7 +118,7 @@ class PlanRequest:
     pipeline_parallel_size: int = 1  # stages, each its own GPU (or TP group): :mod:`sidecar.budget.pipeline`
     data_parallel_size: int = 1  # engines; figures are per GPU and per engine (:mod:`sidecar.budget.experts`)
     enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel: whole experts per GPU
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int = 0  # --block-size; 0: the release's default (16; 64 from 0.34), resolved at construction
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     activation_bytes: int | None = None
@@ -121,7 +128,7 @@ class PlanRequest:
     num_gpu_blocks_override: int | None = None  # vLLM --num-gpu-blocks-override: the pool in blocks
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN=1
     flashinfer_sampler: bool | None = None  # vLLM's VLLM_USE_FLASHINFER_SAMPLER (None: unset)
-    vllm_version: str = NEWEST_MODELLED  # selects the release's defaults and profiling rules
+    vllm_version: str = DEFAULT_RELEASE  # selects the release's defaults and profiling rules
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
@@ -137,6 +144,8 @@ class PlanRequest:
     mamba_cache_dtype: str = "auto"  # vLLM --mamba-cache-dtype (the conv state; the SSM state too when auto)
 
     def __post_init__(self) -> None:
+        if self.block_size == 0:  # frozen: set once, here, so every reader sees the block vLLM uses
+            object.__setattr__(self, "block_size", self.release.default_block_size)
         positive = {
             "--gpu-memory": self.gpu_memory_bytes,
             "--concurrency": self.concurrency,
@@ -182,11 +191,17 @@ class PlanRequest:
         )  # fmt: skip
 
     @property
+    def extensible_kv_cache(self) -> bool:
+        """Whether vLLM sizes the pool after warm-up (0.34's default unless a flag gives the pool)."""
+        given = self.kv_cache_memory_bytes is not None or self.num_gpu_blocks_override is not None
+        return self.release.extensible_kv_cache(pool_given=given)
+
+    @property
     def effective_gpu_memory_utilization(self) -> float:
         """``--gpu-memory-utilization``, else the release's default."""
         if self.gpu_memory_utilization is not None:
             return self.gpu_memory_utilization
-        return self.release.default_gpu_memory_utilization
+        return self.release.default_gpu_memory_utilization(extensible=self.extensible_kv_cache)
 
     @property
     def effective_batch(self) -> tuple[int, int]:
@@ -276,6 +291,11 @@ def _vllm_profile(
         "non_torch": non_torch,
         "cuda_graphs": request.effective_cuda_graph_bytes,
     }
+    if request.extensible_kv_cache:  # 0.34: the device keeps a margin free beside the transient peak
+        margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+        device = request.gpu_memory_bytes - CUDA_CONTEXT_BYTES - margin
+        if kept := max(0, profile["requested"] - device):  # binds near gpu_memory_utilization 1.0
+            profile["kept_free"] = kept
     if request.lora:
         profile["lora"] = lora
     if drafter := drafter_weight_bytes(request, loaded, body_parameter_count(arch)):

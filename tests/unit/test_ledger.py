@@ -297,6 +297,8 @@ def test_pool_overrides_replace_the_computed_pool() -> None:
         ("0.32.0", 141, "h200", (8192, 1024)),
         ("0.32.0", 180, "b200", (16384, 1024)),  # the >= 160 GiB tier (0.28.0 on)
         ("0.27.0", 180, "b200", (8192, 1024)),
+        ("0.33.0", 119, "gb10", (2048, 256)),  # DGX Spark keeps the small tier (is_gb10, 0.33.0 on)
+        ("0.32.0", 119, "gb10", (8192, 1024)),
     ],
 )
 def test_vllm_serve_batch_defaults_by_gpu_class_and_release(
@@ -337,3 +339,66 @@ def test_the_release_decides_the_default_utilisation_and_the_cuda_graph_term(
     assert ledger.kv_pool_bytes == ledger.profile["requested"] - sum(
         v for k, v in ledger.profile.items() if k != "requested"
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "changes", "utilization", "block", "kept_free"),
+    [
+        ("0.32.0", {}, 0.92, 16, None),
+        ("0.33.0", {}, 0.92, 16, None),
+        # 0.34.0: the extensible KV cache sizes the pool after warm-up: the whole device, less the CUDA
+        # context, the margin max(1 GiB, 0.75 x activation) and the activation peak; 64-token blocks
+        ("0.34.0", {}, 1.0, 64, "context+margin"),
+        ("0.34.0", {"gpu_memory_utilization": 0.92}, 0.92, 64, None),  # an explicit budget under the cap
+        ("0.34.0", {"num_gpu_blocks_override": 1000}, 0.92, 64, None),  # the pool given: sized as before
+        ("0.34.0", {"block_size": 16}, 1.0, 16, "context+margin"),
+    ],
+)
+def test_0_34_sizes_the_pool_after_warm_up_and_blocks_hold_64_tokens(
+    version: str, changes: dict[str, object], utilization: float, block: int, kept_free: str | None
+) -> None:
+    request = PlanRequest(resolve_model("llama-3.1-8b"), 80 * GIB, max_model_len=8192, vllm_version=version,
+                          **changes)  # type: ignore[arg-type]  # fmt: skip
+    ledger = build_ledger(request)
+    assert (request.effective_gpu_memory_utilization, ledger.block_size) == (utilization, block)
+    if kept_free is None:
+        assert "kept_free" not in ledger.profile
+    else:
+        margin = max(GIB, int(0.75 * ledger.activation_bytes))
+        assert ledger.profile["kept_free"] == 512 * 2**20 + margin  # requested is the whole device
+    if "num_gpu_blocks_override" not in changes:
+        assert ledger.kv_pool_bytes == ledger.profile["requested"] - sum(
+            v for k, v in ledger.profile.items() if k != "requested"
+        )
+
+
+def test_a_release_newer_than_the_newest_read_is_planned_by_its_rules_and_says_so() -> None:
+    newest = build_ledger(PlanRequest(resolve_model("qwen2.5-7b"), 80 * GIB, vllm_version="0.34.0"))
+    newer = build_ledger(PlanRequest(resolve_model("qwen2.5-7b"), 80 * GIB, vllm_version="0.35.1"))
+    assert newer.kv_pool_bytes == newest.kv_pool_bytes
+    assert any(
+        "newer than the newest release whose start-up rules were read (0.34.0)" in n for n in newer.notes
+    )
+    assert not any("newer than" in n for n in newest.notes)
+
+
+@pytest.mark.parametrize(
+    ("version", "kv", "refused"),
+    [
+        ("0.33.0", "float16", True),  # the bf16 model: vLLM 0.33 refuses a 16-bit KV dtype of another kind
+        ("0.33.0", "bfloat16", False),
+        ("0.33.0", "auto", False),
+        ("0.32.0", "float16", False),  # before 0.33 vLLM casts
+    ],
+)
+def test_a_16_bit_kv_dtype_other_than_the_models_is_refused_from_0_33(
+    version: str, kv: str, refused: bool
+) -> None:
+    def plan() -> PlanRequest:
+        return PlanRequest(resolve_model("llama-3.1-8b"), 80 * GIB, vllm_version=version, kv_cache_dtype=kv)
+
+    if refused:
+        with pytest.raises(UsageError, match="refuses --kv-cache-dtype float16 with a bfloat16 model"):
+            plan()
+    else:
+        plan()

@@ -335,3 +335,22 @@ def test_an_engine_started_with_a_packed_kv_format_is_planned_in_it() -> None:
     assert request.kv_cache_dtype == "int8_per_token_head"
     plain = build_ledger(replace(request, kv_cache_dtype="auto")).kv_bytes_per_token
     assert build_ledger(request).kv_bytes_per_token < plain
+
+
+def test_a_0_34_engine_that_leaves_the_utilisation_unset_is_planned_at_the_whole_device() -> None:
+    """0.34's cache_config_info reads gpu_memory_utilization="None" unless set: its extensible cache takes 1.0."""
+    page_034 = substitute_label(
+        page(PRESSURE_PAGE), "vllm:cache_config_info", "gpu_memory_utilization", "None"
+    )
+    for label in ("kv_cache_memory_bytes", "num_gpu_blocks_override"):  # a GPU engine that sizes its own pool
+        page_034 = substitute_label(page_034, "vllm:cache_config_info", label, "None")
+    config = parse_vllm_metrics(page_034).cache_config
+    assert config is not None
+    assert config.gpu_memory_utilization is None
+    inputs = PlanInputs(architecture=TINY, gpu_memory_bytes=24 * GIB)
+    request = resolve_plan_request(inputs, config, 1024, 24 * GIB, engine_version="0.34.0")
+    assert request is not None
+    assert request.effective_gpu_memory_utilization == 1.0
+    older = resolve_plan_request(inputs, config, 1024, 24 * GIB, engine_version="0.32.0")
+    assert older is not None
+    assert older.effective_gpu_memory_utilization == 0.92
