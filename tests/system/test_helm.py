@@ -434,3 +434,15 @@ def test_vllms_own_variables_that_the_plan_reads_reach_the_sidecar_and_no_others
         assert sidecar_env[name] == vllm_env[name]
     assert "VLLM_LOGGING_LEVEL" in vllm_env
     assert "VLLM_LOGGING_LEVEL" not in sidecar_env
+
+
+def test_a_null_utilisation_leaves_vllm_and_the_sidecar_to_the_engines_default() -> None:
+    """vLLM 0.34's extensible KV cache takes the whole device when the flag is unset (and warns below 1.0)."""
+    with helm.Chart.load(str(CHART)) as chart:
+        chart.validate_schema({"vllm": {"gpuMemoryUtilization": None}})
+    pods = containers(render({"vllm": {"gpuMemoryUtilization": None}}))
+    for pod in ("vllm", "kv-sidecar"):
+        assert "--gpu-memory-utilization" not in pods[pod]["args"]
+    default = containers(render({}))
+    for pod in ("vllm", "kv-sidecar"):
+        assert flags(default[pod]["args"])["--gpu-memory-utilization"] == "0.9"

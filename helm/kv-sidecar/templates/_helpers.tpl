@@ -91,8 +91,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.maxNumSeqs | quote }}
 - --kv-cache-dtype
 - {{ .Values.vllm.kvCacheDtype | quote }}
+{{- with .Values.vllm.gpuMemoryUtilization }}
 - --gpu-memory-utilization
-- {{ .Values.vllm.gpuMemoryUtilization | quote }}
+- {{ . | quote }}
+{{- end }}
 - --tensor-parallel-size
 - {{ .Values.vllm.tensorParallelSize | quote }}
 - --pipeline-parallel-size
@@ -148,8 +150,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ .Values.vllm.maxNumSeqs | quote }}
 - --kv-cache-dtype
 - {{ .Values.vllm.kvCacheDtype | quote }}
+{{- with .Values.vllm.gpuMemoryUtilization }}
 - --gpu-memory-utilization
-- {{ .Values.vllm.gpuMemoryUtilization | quote }}
+- {{ . | quote }}
+{{- end }}
 - --tensor-parallel-size
 - {{ .Values.vllm.tensorParallelSize | quote }}
 - --pipeline-parallel-size
