@@ -97,8 +97,8 @@ from sidecar.units import GIB
 
 DEFAULT_OVERHEAD_BYTES: Final = 3 * GIB // 2
 """The seeds' framework overhead: CUDA context, graphs, fragmentation (框架开销 ~1.5 GiB)."""
-DEFAULT_BLOCK_SIZE: Final = 16
-"""vLLM's default KV block size on GPUs, in tokens."""
+DEFAULT_BLOCK_SIZE: Final = VllmRelease.parse(DEFAULT_RELEASE).default_block_size
+"""vLLM's default KV block size on GPUs in the default release, in tokens (the release decides it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ class PlanInputs:
     num_gpu_blocks_override: int | None = None
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
     flashinfer_sampler: bool | None = None  # VLLM_USE_FLASHINFER_SAMPLER, as vLLM reads it (None: unset)
-    vllm_version: str | None = None  # None: the newest modelled release
+    vllm_version: str | None = None  # None: the engine's /version, else the default release (0.32.0)
     enforce_eager: bool = False
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
     enable_prefix_caching: bool | None = None  # None: the engine's page, else the release's default
