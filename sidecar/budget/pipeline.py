@@ -119,6 +119,7 @@ def pipeline_stages(
         lora = round(profile.get("lora", 0) * layers / len(kv_layers))  # slots in proportion to the layers
         drafter = profile.get("drafter", 0) if last else 0  # an MTP drafter runs beside the LM head
         fixed = weights + activation + lora + drafter + profile["non_torch"] + profile["cuda_graphs"]
+        fixed += profile.get("kept_free", 0)  # 0.34's margin (the whole model's activation sets it)
         memory = max(0, requested - fixed)
         block = stage_block_bytes(group_block, per_group, stage_kv, sum(kv_layers) + drafter_kv)
         blocks = int(memory // block) if block else 0

@@ -402,3 +402,12 @@ def test_a_16_bit_kv_dtype_other_than_the_models_is_refused_from_0_33(
             plan()
     else:
         plan()
+
+
+def test_0_34s_margin_comes_off_every_pipeline_stage_too() -> None:
+    request = PlanRequest(resolve_model("llama-3.1-70b"), 80 * GIB, max_model_len=32768, vllm_version="0.34.0",
+                          tensor_parallel_size=4, pipeline_parallel_size=2)  # fmt: skip
+    ledger = build_ledger(request)
+    assert "kept_free" in ledger.profile
+    block_bytes = ledger.block_size * ledger.kv_bytes_per_token  # the limiting stage's share of the layers
+    assert abs(ledger.kv_pool_blocks * block_bytes - ledger.kv_pool_bytes) < block_bytes
