@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Final
 
 from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_element, normalise_dtype
 from sidecar.budget.layer_kinds import LayerKind
+from sidecar.budget.state_layers import KERNEL_BLOCK  # the boundary page the block is raised to cover
 from sidecar.errors import UsageError
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ SCALE_BYTES: Final = 4
 """A float32 scale, one for K and one for V per head and token in the per-token-head formats."""
 BOUNDARY_LAYERS: Final = 2
 """Layers TurboQuant keeps at the model's dtype at each end of a dense model (vLLM's boundary skip layers)."""
-KERNEL_BLOCK: Final = 16
-"""The smallest attention-kernel block on GPUs, the boundary page the block is raised to cover."""
 
 
 @dataclass(frozen=True, slots=True)
