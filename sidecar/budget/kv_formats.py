@@ -205,10 +205,10 @@ def kv_format_notes(request: PlanRequest, block: int) -> tuple[str, ...]:
         notes.append(
             f"vLLM keeps {boundary} boundary layers (the first and last {ends}) at the model's dtype{raised}"
         )
-    if arch.sliding_window and fmt.boundary:
+    if LayerKind.SLIDING in arch.kv_kinds and fmt.boundary:
         notes.append(
             "sliding-window layers under TurboQuant: vLLM pads a boundary window layer's page to the shared "
-            "one, which the plan does not count (a few percent)"
+            "one and picks its block within it, which the plan does not model (each layer at its own page)"
         )
     return tuple(notes)
 

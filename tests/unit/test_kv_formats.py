@@ -127,3 +127,11 @@ def test_plan_takes_vllms_spelling_and_says_where_the_bytes_go(capsys: pytest.Ca
     assert "60,288 B/token" in out
     assert "196 bytes a token and KV head against 512" in out
     assert "4 boundary layers (the first and last 2)" in out
+
+
+def test_a_windowed_model_under_turboquant_is_told_what_the_plan_leaves_out() -> None:
+    sliding = "vLLM pads a boundary window layer's page"
+    gemma = PlanRequest(resolve_model("gemma-2-9b"), 80 * GIB, kv_cache_dtype="turboquant_k8v4")
+    assert any(sliding in note for note in build_ledger(gemma).notes)
+    assert not any(sliding in note for note in build_ledger(_plan("turboquant_k8v4")).notes)
+    assert not any(sliding in note for note in build_ledger(replace(gemma, kv_cache_dtype="fp8")).notes)
