@@ -40,7 +40,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, kv_bytes_per_element, normalise_dtype
+from sidecar.budget.dtypes import (
+    FLOAT_DTYPES,
+    WEIGHT_DTYPES,
+    kv_bytes_per_element,
+    normalise_dtype,
+    serving_dtype,
+)
 from sidecar.budget.layer_kinds import LayerKind
 from sidecar.budget.state_layers import KERNEL_BLOCK  # the boundary page the block is raised to cover
 from sidecar.errors import UsageError
@@ -123,12 +129,18 @@ def boundary_layer_count(request: PlanRequest) -> int:
     return sum(kind.attends for kind in _ends(arch.kv_kinds, n))
 
 
+def model_kv_dtype(request: PlanRequest) -> str:
+    """The dtype ``--kv-cache-dtype auto`` stores: ``--dtype``'s float when given, else the checkpoint's."""
+    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
+    if served is not None and served in FLOAT_DTYPES:
+        return served
+    return serving_dtype(request.architecture.dtype)
+
+
 def native_kv_element(request: PlanRequest) -> float:
     """Bytes a KV element takes at the model's dtype (``--kv-cache-dtype auto``; ``--dtype float32``: 4)."""
-    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
-    if served in FLOAT_DTYPES:
-        return WEIGHT_DTYPES[served]
-    return kv_bytes_per_element("auto", request.architecture.dtype)
+    dtype = model_kv_dtype(request)
+    return WEIGHT_DTYPES[dtype] if dtype in FLOAT_DTYPES else kv_bytes_per_element(dtype, dtype)
 
 
 def packed_layer_bytes(request: PlanRequest) -> float | None:

@@ -85,12 +85,10 @@ from sidecar.budget.refusals import check_as_vllm_does
 from sidecar.budget.speculative import SpeculativeSettings, drafter_extra_kv_bytes, drafter_weight_bytes
 from sidecar.budget.verdict import Verdict, plan_verdict
 from sidecar.budget.vllm_release import (
-    CUDA_CONTEXT_BYTES,
     DEFAULT_CUDA_GRAPH_BYTES,
     DEFAULT_RELEASE,
-    EXTENSIBLE_MARGIN_FLOOR_BYTES,
-    EXTENSIBLE_MARGIN_FRACTION,
     VllmRelease,
+    extensible_kept_free,
 )
 from sidecar.errors import UsageError
 from sidecar.units import GIB
@@ -291,11 +289,9 @@ def _vllm_profile(
         "non_torch": non_torch,
         "cuda_graphs": request.effective_cuda_graph_bytes,
     }
-    if request.extensible_kv_cache:  # 0.34: the device keeps a margin free beside the transient peak
-        margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(activation * EXTENSIBLE_MARGIN_FRACTION))
-        device = request.gpu_memory_bytes - CUDA_CONTEXT_BYTES - margin
-        if kept := max(0, profile["requested"] - device):  # binds near gpu_memory_utilization 1.0
-            profile["kept_free"] = kept
+    kept = extensible_kept_free(profile["requested"], request.gpu_memory_bytes, activation)
+    if request.extensible_kv_cache and kept:  # 0.34: a margin kept free; binds near utilisation 1.0
+        profile["kept_free"] = kept
     if request.lora:
         profile["lora"] = lora
     if drafter := drafter_weight_bytes(request, loaded, body_parameter_count(arch)):

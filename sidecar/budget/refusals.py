@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.budget.dtypes import FLOAT_DTYPES, normalise_dtype, serving_dtype
-from sidecar.budget.kv_formats import check_kv_format
+from sidecar.budget.dtypes import normalise_dtype
+from sidecar.budget.kv_formats import check_kv_format, model_kv_dtype
 from sidecar.budget.lora import check_lora
 from sidecar.budget.speculative import check_speculative
 from sidecar.errors import UsageError
@@ -69,8 +69,7 @@ def _check_float_kv(request: PlanRequest) -> None:
     kv = normalise_dtype(request.kv_cache_dtype)
     if kv not in {"bf16", "fp16"} or not request.release.at_least(FLOAT_KV_MATCH_SINCE):
         return
-    served = normalise_dtype(request.weight_dtype) if request.weight_dtype else None
-    model = served if served in FLOAT_DTYPES else serving_dtype(request.architecture.dtype)
+    model = model_kv_dtype(request)
     if kv != model:
         names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
         raise UsageError(

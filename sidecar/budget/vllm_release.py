@@ -102,6 +102,18 @@ EXTENSIBLE_MARGIN_FLOOR_BYTES: Final = GIB
 (``KV_CACHE_MARGIN_FLOOR_BYTES``, ``KV_CACHE_MARGIN_FRACTION``, ``v1/worker/extensible_kv_cache.py``; 3 GiB
 on ROCm, not modelled)."""
 EXTENSIBLE_MARGIN_FRACTION: Final = 0.75
+
+
+def extensible_kept_free(requested: int, total: int, transient_peak: int) -> int:
+    """What 0.34's extensible KV cache keeps free beyond the non-KV terms (0 when the budget leaves it).
+
+    ``measure_kv_cache_bytes`` takes ``min(requested - non-KV, free - margin)``: the second binds by
+    ``requested - (total - CUDA context - margin)``, with ``margin = max(1 GiB, 0.75 x transient peak)``.
+    """
+    margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient_peak * EXTENSIBLE_MARGIN_FRACTION))
+    return max(0, requested - (total - CUDA_CONTEXT_BYTES - margin))
+
+
 NON_TORCH_BYTES: Final = 256 * MIB
 """Memory the profile sees grow outside PyTorch's allocator on one GPU at TP 1 (cuBLAS, workspaces): the
 "non-torch forward increase memory" vLLM 0.19 logs on the calibration table's TP 1 rows (0.24-0.27 GiB)."""
