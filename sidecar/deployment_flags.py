@@ -15,6 +15,7 @@ from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.kv_formats import KV_FORMATS, VLLM_KV_FORMATS
 from sidecar.budget.ledger import DEFAULT_OVERHEAD_BYTES, PlanRequest
 from sidecar.budget.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, LORA_RANKS, LoraSlots
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.budget.vllm_release import DEFAULT_RELEASE, NEWEST_MODELLED, VllmRelease
 from sidecar.errors import UsageError
@@ -22,24 +23,34 @@ from sidecar.flags import choice
 from sidecar.settings import default_of
 from sidecar.units import GIB, parse_memory, parse_positive_int, parse_ratio
 
-VLLM_VARIABLES: Final = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_USE_FLASHINFER_SAMPLER")
+VLLM_VARIABLES: Final = (
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+    "VLLM_USE_FLASHINFER_SAMPLER",
+    "VLLM_USE_V2_MODEL_RUNNER",
+)
 """vLLM's own environment variables the plan reads, as vLLM reads them. The pod runs both containers, so the
 chart passes the sidecar whichever of these vLLM's ``env`` sets (``templates/deployment.yaml``)."""
 
 
-def vllm_variables(environ: Mapping[str, str]) -> dict[str, Any]:
-    """:data:`VLLM_VARIABLES` as ``PlanRequest`` fields, read as vLLM's ``envs.py`` reads them."""
-    long_name, sampler_name = VLLM_VARIABLES
-    sampler = environ.get(sampler_name)
+def _vllm_bool(environ: Mapping[str, str], name: str) -> bool | None:
+    """``envs.py``'s ``maybe_convert_bool``: unset is ``None``, else ``bool(int(value))``; one-line error."""
+    value = environ.get(name)
     try:
-        flashinfer_sampler = None if sampler is None else bool(int(sampler))  # envs.py: bool(int(value))
+        return None if value is None else bool(int(value))
     except ValueError:
         raise UsageError(
-            f"{sampler_name}={sampler!r} is not a number, and vLLM would refuse it too; use 0 or 1"
+            f"{name}={value!r} is not a number, and vLLM would refuse it too; use 0 or 1"
         ) from None
+
+
+def vllm_variables(environ: Mapping[str, str]) -> dict[str, Any]:
+    """:data:`VLLM_VARIABLES` as ``PlanRequest`` fields, read as vLLM's ``envs.py`` reads them."""
+    long_name, sampler_name, runner_name = VLLM_VARIABLES
+    v2_runner = _vllm_bool(environ, runner_name)
     return {
         "allow_long_max_model_len": environ.get(long_name, "0").strip().lower() in {"1", "true"},
-        "flashinfer_sampler": flashinfer_sampler,
+        "flashinfer_sampler": _vllm_bool(environ, sampler_name),
+        "model_runner": None if v2_runner is None else (ModelRunner.V2 if v2_runner else ModelRunner.V1),
     }
 
 

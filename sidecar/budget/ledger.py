@@ -70,6 +70,7 @@ from sidecar.budget.kv_terms import (
     state_terms,
 )
 from sidecar.budget.lora import LoraSlots, lora_graph_copies, lora_slot_bytes
+from sidecar.budget.model_runner import ModelRunner, batches_in_flight, default_model_runner
 from sidecar.budget.notes import plan_notes
 from sidecar.budget.parameters import body_parameter_count, parameter_count
 from sidecar.budget.pipeline import PipelineStage, pipeline_stages
@@ -129,6 +130,7 @@ class PlanRequest:
     vllm_version: str = DEFAULT_RELEASE  # selects the release's defaults and profiling rules
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs to budget for
     async_scheduling: bool = True  # vLLM's default on GPUs; --no-async-scheduling (and the CPU platform) off
+    model_runner: ModelRunner | None = None  # vLLM's VLLM_USE_V2_MODEL_RUNNER; None: the release's choice
     cuda_graph_bytes: int | None = None  # a measured CUDA-graph figure (vLLM's "Estimated CUDA graph memory")
     cpu_offload_bytes: int = 0  # vLLM --cpu-offload-gb: layer weights kept in CPU memory, per GPU
     speculative: SpeculativeSettings | None = (
@@ -212,8 +214,18 @@ class PlanRequest:
     @property
     def in_flight_tokens(self) -> int:
         """Tokens scheduled but not yet settled, which a sliding-window cap adds (vLLM's in-flight tokens)."""
-        batches = self.release.batches_in_flight(async_scheduling=self.async_scheduling)
+        stages, overlap = self.pipeline_parallel_size, self.async_scheduling
+        runner = self.effective_model_runner
+        batches = batches_in_flight(self.release, runner, pipeline_stages=stages, async_scheduling=overlap)
         return self.effective_batch[0] * batches
+
+    @property
+    def effective_model_runner(self) -> ModelRunner:
+        """The GPU model runner vLLM runs: the one named, else the release's (:mod:`...model_runner`)."""
+        if self.model_runner is not None:
+            return self.model_runner
+        method = self.speculative.method if self.speculative is not None else None
+        return default_model_runner(self.release, self.architecture, method)
 
     @property
     def effective_cuda_graph_bytes(self) -> int:

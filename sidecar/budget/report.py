@@ -61,6 +61,7 @@ def _inputs(ledger: Ledger) -> dict[str, Any]:
         "vllm_version": str(req.release),
         "enforce_eager": req.enforce_eager,
         "async_scheduling": req.async_scheduling,
+        "model_runner": req.effective_model_runner.value,  # vLLM's V1 or V2 GPU model runner
         "tensor_parallel_size": req.tensor_parallel_size,
         "pipeline_parallel_size": req.pipeline_parallel_size,
         "data_parallel_size": req.data_parallel_size,

@@ -40,10 +40,11 @@ is the release tag's; 0.32.0 from the CPU wheel this project installs):
   ``VllmConfig.max_in_flight_tokens`` = ``max_concurrent_batches x max_num_batched_tokens`` (0.32.0 as
   installed, ``vllm/config/vllm.py``; the 0.26.0 rename from ``max_num_batched_tokens`` is what the
   review of tenstorrent/tt-xla PR #5908 found in its 0.26.0 uplift). Async scheduling makes that two
-  batches: it is on by default (``VllmConfig.__post_init__`` turns it on unless pooling, an unsupported
-  speculative method, an executor without support, or PP with the V1 runner) except on the CPU
-  platform, which turns it off (``vllm/platforms/cpu.py``; this project's CPU server reports one batch).
-  Before 0.26 the cap adds one batch.
+  batches at one pipeline stage, ``stages + 1`` on the V2 model runner (:mod:`sidecar.budget.model_runner`):
+  it is on by default (``VllmConfig.__post_init__`` turns it on unless pooling, an unsupported speculative
+  method, an executor without support, or PP with the V1 runner) except on the CPU platform, which turns
+  it off (``vllm/platforms/cpu.py``; this project's CPU server reports one batch). Before 0.26 the cap
+  adds one batch.
 * **A sliding-window layer's block starts at the attention kernel's smallest in 0.25.0-0.29.x**
   (``Attention.get_kv_cache_spec``, ``_largest_kernel_block_within`` called without a page budget: 16 on
   GPUs), at ``block_size`` before and from 0.30.0 (the budget is ``block_size`` tokens' page); pages are then
@@ -227,10 +228,6 @@ class VllmRelease:
         planned as all-full (the larger, safer reservation).
         """
         return self.at_least(19)
-
-    def batches_in_flight(self, *, async_scheduling: bool) -> int:
-        """How many batches of tokens a sliding-window cap adds: 2 with async scheduling from 0.26, else 1."""
-        return 2 if async_scheduling and self.at_least(26) else 1
 
     def sliding_block_starts_at_kernel_minimum(self) -> bool:
         """Whether a sliding layer's block starts at the kernel's smallest (0.25.0-0.29.x; ``KvPages``)."""

@@ -19,6 +19,7 @@ from sidecar.budget.dtypes import KV_DTYPES, normalise_dtype
 from sidecar.budget.kv_formats import KV_FORMATS
 from sidecar.budget.ledger import PlanRequest
 from sidecar.budget.lora import LoraSlots
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.errors import UsageError
@@ -55,6 +56,7 @@ class PlanInputs:
     num_gpu_blocks_override: int | None = None
     allow_long_max_model_len: bool = False  # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, as vLLM reads it
     flashinfer_sampler: bool | None = None  # VLLM_USE_FLASHINFER_SAMPLER, as vLLM reads it (None: unset)
+    model_runner: ModelRunner | None = None  # VLLM_USE_V2_MODEL_RUNNER, as vLLM reads it (None: unset)
     vllm_version: str | None = None  # None: the engine's /version, else the default release (0.32.0)
     enforce_eager: bool = False
     async_scheduling: bool = default_of(PlanRequest, "async_scheduling")
@@ -138,6 +140,7 @@ def resolve_plan_request(
         or (engine.num_gpu_blocks_override if engine else None),
         allow_long_max_model_len=inputs.allow_long_max_model_len,
         flashinfer_sampler=inputs.flashinfer_sampler,
+        model_runner=inputs.model_runner,
         enforce_eager=inputs.enforce_eager,
         async_scheduling=inputs.async_scheduling,
         enable_prefix_caching=inputs.enable_prefix_caching

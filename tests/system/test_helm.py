@@ -62,6 +62,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
     "vllm-env": {"vllm": {"env": [
         {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "1"},
+        {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"},
         {"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
          "valueFrom": {"configMapKeyRef": {"name": "vllm-settings", "key": "allow-long"}}},
         {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
@@ -425,7 +426,7 @@ def test_drafter_lora_and_offload_settings_reach_both_containers_and_the_sidecar
 
 
 def test_vllms_own_variables_that_the_plan_reads_reach_the_sidecar_and_no_others() -> None:
-    # the sidecar plans with VLLM_ALLOW_LONG_MAX_MODEL_LEN and VLLM_USE_FLASHINFER_SAMPLER as vLLM reads them
+    # the sidecar plans with vLLM's variables (VLLM_USE_FLASHINFER_SAMPLER, ...) as vLLM reads them
     # (sidecar/deployment_flags.py); set once in vllm.env, they must reach both containers
     pods = containers(render(VALUE_SETS["vllm-env"]))
     vllm_env = {e["name"]: e for e in pods["vllm"]["env"]}
