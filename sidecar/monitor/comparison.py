@@ -29,6 +29,7 @@ class Comparison:
     engine_kv_dtype: str | None
     vllm_release: str | None = None  # the release the prediction was made for
     plan_gaps: str | None = None  # what of the model the plan leaves out (kv_terms.plan_gaps)
+    compiles: bool = True  # whether vLLM compiles the model in its start-up profile (not --enforce-eager)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -72,5 +73,6 @@ def compare(
         requested_kv_dtype=settings.requested_kv_dtype,
         engine_kv_dtype=engine_dtype,
         vllm_release=str(ledger.request.release) if ledger else None,
+        compiles=not ledger.request.enforce_eager if ledger else True,
         plan_gaps=plan_gaps(ledger.request.architecture) if ledger else None,
     )

@@ -52,6 +52,13 @@ DRIFT_INFO_RATIO: Final = 0.05
 HIGH_USAGE_THRESHOLD: Final = 0.85
 RESERVATION_TOLERANCE_FRACTION: Final = 0.02
 PEAK_FREE_FRACTION: Final = 0.05
+COLD_COMPILE_ADVICE: Final = (
+    "a boot with an empty torch.compile cache charges the compile's temporaries to vLLM's start-up profile"
+    " (vLLM issues #54122, #54383; not with --enforce-eager): restart vLLM with VLLM_CACHE_ROOT kept (the"
+    " chart's compileCache volume) and the next boot sizes the warm pool"
+)
+"""Why a pool can come out smaller than planned on a first boot, and how to win it back: the same settings
+boot 35,792 tokens cold and 43,040 warm (Qwen3-8B, RTX 4090, vLLM 0.27.1; ``FINDINGS.md``)."""
 
 
 class Severity(StrEnum):
@@ -140,6 +147,8 @@ def _budget_diagnoses(comparison: Comparison, settings: MonitorSettings) -> list
         release = comparison.vllm_release
         if drift < 0 and comparison.plan_gaps:
             advice = f"{comparison.plan_gaps}: trust the engine's pool (admission does); " + advice
+        if drift < 0 and comparison.compiles:
+            advice = f"{COLD_COMPILE_ADVICE}; " + advice
         if drift < 0 and release and VllmRelease.parse(release).counts_pinned_profile_segments():
             advice = (
                 f"vLLM {release} counts allocator segments freed during its start-up profile as used"

@@ -322,6 +322,28 @@ def test_the_hf_cache_vllm_fills_is_mounted_read_only_into_the_sidecar() -> None
     assert volumes["hf-cache"]["persistentVolumeClaim"] == {"claimName": "models"}
 
 
+def test_vllms_compile_cache_is_kept_in_a_volume_so_a_restarted_container_boots_warm() -> None:
+    # vLLM's profile charges a cold torch.compile's temporaries as activation (vLLM issues #54122, #54383):
+    # VLLM_CACHE_ROOT on a volume keeps the artefacts (0.32.0 puts Inductor's and Triton's under it too)
+    def pod(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        rendered = render(values)
+        deployment = next(d for d in documents(rendered) if d["kind"] == "Deployment")
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        return containers(rendered)["vllm"], volumes
+
+    vllm, volumes = pod({})
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert env["VLLM_CACHE_ROOT"] == "/data/vllm-cache"
+    assert {"name": "compile-cache", "mountPath": "/data/vllm-cache"} in vllm["volumeMounts"]
+    assert volumes["compile-cache"] == {"name": "compile-cache", "emptyDir": {"sizeLimit": "20Gi"}}
+    claimed = {"enabled": True, "mountPath": "/cache", "persistentVolumeClaim": "vllm-compile"}
+    vllm, volumes = pod({"compileCache": claimed})
+    assert volumes["compile-cache"]["persistentVolumeClaim"] == {"claimName": "vllm-compile"}
+    vllm, volumes = pod({"compileCache": {"enabled": False, "mountPath": "/cache"}})
+    assert "compile-cache" not in volumes
+    assert "VLLM_CACHE_ROOT" not in {e["name"] for e in vllm["env"]}
+
+
 def test_the_inference_pool_selects_the_pods_on_the_proxy_port_and_the_epp_reads_the_gateway_series() -> None:
     rendered = render(VALUE_SETS["gateway"])
     docs = list(documents(rendered))

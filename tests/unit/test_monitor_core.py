@@ -195,6 +195,18 @@ def test_a_smaller_pool_on_a_release_that_counts_pinned_segments_names_the_cause
     )
 
 
+@pytest.mark.parametrize(
+    ("eager", "predicted_blocks", "names_it"), [(False, 24, True), (True, 24, False), (False, 12, False)]
+)
+def test_a_smaller_pool_names_a_cold_compile_cache_unless_vllm_runs_eager(
+    eager: bool, predicted_blocks: int, names_it: bool
+) -> None:
+    # vLLM compiles in its start-up profile and charges a cold compile's temporaries to it (issues #54122,
+    # #54383): only a pool smaller than planned (24 blocks planned, 16 in the engine), only when not eager
+    ledger = _tiny_ledger(num_gpu_blocks_override=predicted_blocks, enforce_eager=eager)
+    assert ("empty torch.compile cache" in _pool_drift(ledger).advice) is names_it
+
+
 def _pool_drift(ledger):  # type: ignore[no-untyped-def]
     """The kv-pool-drift diagnosis of ``ledger`` against the engine's page (16 blocks)."""
     settings = MonitorSettings()
