@@ -33,14 +33,13 @@ their own (:mod:`sidecar.budget.deepseek_v4`).
 latent and a DSA indexer's cache and weights are replicated). **Pipeline parallelism** gives each stage its
 layers, and the pool is the smallest stage's (:mod:`sidecar.budget.pipeline`). **Data parallelism** runs that
 many engines; each has its own pool, but a MoE model's experts are spread over all of their GPUs
-(:mod:`sidecar.budget.experts`).
-Memory figures are per GPU; token counts are per engine.
+(:mod:`sidecar.budget.experts`). Memory figures are per GPU; token counts are per engine.
 
 **Weights and activation as vLLM profiles them** live in :mod:`sidecar.budget.profile`: vLLM's view
 subtracts the weights as loaded (quantisation leaves embeddings and LM head 16-bit; MXFP4 experts are
-padded to the kernel's tiles) and the profile's torch peak (the larger of the forward and sampler passes,
-plus MoE workspaces), while the seeds' ledger keeps the paper figures (every parameter at the dtype's
-bytes) beside the seeds' activation default when one is given.
+padded to the kernel's tiles) and the profile's torch peak (the larger of the forward and sampler passes, per
+model runner, plus MoE workspaces), while the seeds' ledger keeps the paper figures beside the seeds'
+activation default when one is given.
 
 **Verdict**: ``does-not-fit`` when the total exceeds GPU memory or vLLM could not fit one
 full-length request (it refuses to start); ``tight`` when it fits on paper with under 10%
@@ -83,6 +82,7 @@ from sidecar.budget.profile import (
     paper_weights_per_gpu,
 )
 from sidecar.budget.refusals import check_as_vllm_does
+from sidecar.budget.sampler_pass import resident_sampler_bytes
 from sidecar.budget.speculative import SpeculativeSettings, drafter_extra_kv_bytes, drafter_weight_bytes
 from sidecar.budget.verdict import Verdict, plan_verdict
 from sidecar.budget.vllm_release import (
@@ -222,10 +222,8 @@ class PlanRequest:
     @property
     def effective_model_runner(self) -> ModelRunner:
         """The GPU model runner vLLM runs: the one named, else the release's (:mod:`...model_runner`)."""
-        if self.model_runner is not None:
-            return self.model_runner
         method = self.speculative.method if self.speculative is not None else None
-        return default_model_runner(self.release, self.architecture, method)
+        return self.model_runner or default_model_runner(self.release, self.architecture, method)
 
     @property
     def effective_cuda_graph_bytes(self) -> int:
@@ -301,7 +299,8 @@ def _vllm_profile(
         "non_torch": non_torch,
         "cuda_graphs": request.effective_cuda_graph_bytes,
     }
-    kept = extensible_kept_free(profile["requested"], request.gpu_memory_bytes, activation)
+    transient = activation - resident_sampler_bytes(request)  # 0.34's margin follows the transient peak
+    kept = extensible_kept_free(profile["requested"], request.gpu_memory_bytes, transient)
     if request.extensible_kv_cache and kept:  # 0.34: a margin kept free; binds near utilisation 1.0
         profile["kept_free"] = kept
     if request.lora:
@@ -348,7 +347,7 @@ def build_ledger(request: PlanRequest) -> Ledger:
     request_blocks = v4.request_blocks if v4 else full_request_blocks(request, groups, state, pages)
     pool_blocks = int(pool // group_block_bytes) if per_layer else 0  # vLLM's num_gpu_blocks
     stages: tuple[PipelineStage, ...] = ()
-    if request.pipeline_parallel_size > 1 and pool_blocks and pool_override is None and not (state or v4):
+    if request.pipeline_parallel_size > 1 and per_layer and pool_override is None and not (state or v4):
         stages = pipeline_stages(
             request, profile, requested, group_block_bytes, groups.layers_per_group, loaded=loaded
         )

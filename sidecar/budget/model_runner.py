@@ -25,11 +25,11 @@ Before 0.34 a setting V2 lacks sends the engine back to V1 with a warning
 (:func:`v2_takes_speculative_method`). Platforms without Triton run V1 ("Model Runner V2 requires Triton"):
 this project's CPU server does, which is why :attr:`PlanRequest.model_runner` can name one.
 
-What the runner changes in the plan here: how many batches are in flight, which a sliding-window layer's
-cap counts (``VllmConfig.max_concurrent_batches``, 0.26.0-0.33.0: with async scheduling, V2 keeps
-``pipeline stages + 1`` batches in flight and V1 two at one stage, else the stages;
-0.34.0: ``stages + 1`` with async scheduling). The profile's terms are V1's for both runners: what V2
-charges at start-up is compared with real boots in ``tests/data/vllm-startup-logs/FINDINGS.md``.
+What the runner changes in the plan: what the start-up profile's sampler stage holds and what the runner
+keeps beside it (:mod:`sidecar.budget.sampler_pass`), and how many batches are in flight, which a
+sliding-window layer's cap counts (``VllmConfig.max_concurrent_batches``, 0.26.0-0.33.0: with async
+scheduling, V2 keeps ``pipeline stages + 1`` batches in flight and V1 two at one stage, else the stages;
+0.34.0: ``stages + 1`` with async scheduling).
 """
 
 from __future__ import annotations

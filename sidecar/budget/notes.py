@@ -9,6 +9,7 @@ from sidecar.budget.deepseek_v41 import BLACKWELL_NAMES, v4_notes
 from sidecar.budget.dtypes import normalise_dtype
 from sidecar.budget.kv_groups import kv_groups
 from sidecar.budget.lora import TARGET_MODULES_SINCE, class_facts, lora_graph_copies, lora_table_version
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.pipeline import PipelineStage
 from sidecar.budget.profile import (
     ACTIVATION_ELEMENT_BYTES,
@@ -180,7 +181,9 @@ def _loaded_weights_reasons(request: PlanRequest, paper: int) -> str:
 
 
 def _rejection_pass_note(request: PlanRequest) -> list[str]:
-    """What the profile's rejection-sampler pass adds to the activation peak, when it sets it."""
+    """What the profile's rejection-sampler pass adds to the activation peak, when it sets it (V1 only)."""
+    if request.effective_model_runner is not ModelRunner.V1:
+        return []  # V2's profile samples with its plain sampler only (sidecar.budget.sampler_pass)
     extra = estimate_activation_bytes(request) - estimate_activation_bytes(replace(request, speculative=None))
     if extra <= 0:
         return []

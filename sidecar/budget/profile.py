@@ -37,35 +37,8 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
 
 * forward: ``T x (2 x hidden + 3 x intermediate / tp)`` 16-bit elements, the residual stream and its
   normed copy beside the MLP's gate/up output (2 x intermediate) and its activated product;
-* sampler: ``R x vocab x (2 + 3 x 4)`` bytes: the model's 16-bit logits, their float32 copy
-  (``Sampler.forward``), the probabilities and the exponential noise (``TopKTopPSampler``,
-  ``random_sample``), read in 0.32.0; the dummy run sets top-k and top-p, so the filtering path runs.
-  Where that path sorts the vocabulary (PyTorch's ``apply_top_k_top_p``: 0.11.1-0.16.x, and earlier V1
-  releases without FlashInfer; :meth:`~sidecar.budget.vllm_release.VllmRelease.sampler_sorts_vocabulary`)
-  the sort is the peak: ``R x vocab x (2 + 4 + 32)`` bytes (:data:`SAMPLER_SORT_BYTES`). Qwen3-14B on an
-  H100 logs a torch peak of 5.64 GiB with vLLM 0.15.0 and 0.16.0 and 2.23 GiB with 0.17.0 and 0.18.0
-  (llm-d-planner's version sweep): 37.7 and 14.2 bytes per logit beside the profile workspace; and the one
-  vLLM 0.10.1.1 A100 boot whose log says "Falling back to the PyTorch-native implementation of top-p & top-k
-  sampling" is the one of six that the plan had 8.5% too large. With speculative decoding in those releases
-  the rejection pass below samples its bonus rows through the same sort; the plan takes the larger of the two
-  passes as they are modelled here, which leaves out the rejection pass's own rows during that sort (no log
-  with speculative decoding from 0.11.1-0.16 is on the table);
-* with speculative decoding (any method), the profile then runs the rejection sampler too
-  (``_dummy_sampler_run``): over ``2R`` fresh rows of logits (one draft token and one bonus row per
-  request), it samples the ``R`` bonus rows with the plain sampler, keeping their logits in float32
-  (``logprobs_mode_override``), then holds the ``R`` target rows in float32, their clone, their
-  probabilities and the recovered tokens' exponential noise (``RejectionSampler.forward``,
-  ``rejection_sample``, ``sample_recovered_tokens`` in ``v1/sample/rejection_sampler.py``, read in 0.12.0,
-  0.15.0, 0.20.0 and 0.32.0): ``R x vocab x (3 x 2 + 5 x 4)`` bytes at its peak, 26 against the plain pass's
-  14 (0.12-0.14: no clone, 22; before 0.12 nothing beyond the plain pass), so the sampler term grows by
-  ``12 R x vocab`` bytes: 1.5 GiB for Llama-3.1-8B at ``R`` 1024. The dummy pass drafts one token per
-  request whatever ``num_speculative_tokens`` is, so a real step with ``k`` drafts can hold more than vLLM
-  profiled (vllm-project/vllm PR #37521 proposed profiling ``k``; closed, and 0.32.0 still drafts one): the
-  planner follows what vLLM subtracts, as that sizes the pool. Read in source; no GPU log with
-  speculative decoding is on the calibration table. The real CPU engine agrees on the increment
-  (``tests/e2e/test_rejection_profile.py``: the pass's peak resident memory is 24.0 ``R x vocab`` bytes
-  without drafting and 36.0 with n-gram drafting, 12.0 more, as planned; the CPU sampler's top-k/top-p
-  sort, which the GPU's does not do, sits in both);
+* the sampler stage, and what the model runner keeps beside it, per runner:
+  :mod:`sidecar.budget.sampler_pass`;
 * MoE layers work in two scratch buffers that vLLM keeps after the forward (``WorkspaceManager``,
   ``vllm/v1/worker/workspace.py``), sized by the experts' ``workspace_shapes``
   (``fused_moe/experts/triton_moe.py``, ``marlin_moe.py``, 0.32.0): ``moe_workspace_bytes``;
@@ -75,8 +48,7 @@ sampler runs, so the torch peak is the larger of the two passes, not their sum:
   16-bit elements (:func:`encoder_outputs_bytes`; the budget's tokens, which an item's size divides or
   nearly: 32 Gemma 3 images of 256 tokens, 3 Llama 4 images, 2 Pixtral images of 3,080 tokens). The
   encoder's own pass runs before them and is not modelled: on every boot on the table that prints it, the
-  language model's passes are the larger;
-* plus :data:`PROFILE_WORKSPACE_BYTES`, measured.
+  language model's passes are the larger.
 
 Checked against the "torch peak memory increase" that vLLM 0.19 logs on the calibration table's
 H100 rows (``T`` 8192, ``R`` 1024): Llama-3.1-8B 1.89 GiB (this model: 1.89), Qwen2.5-7B 2.21 (2.21),
@@ -98,6 +70,7 @@ from sidecar.budget.dtypes import FLOAT_DTYPES, WEIGHT_DTYPES, normalise_dtype, 
 from sidecar.budget.longcat import ATTENTION_BLOCKS
 from sidecar.budget.parameters import dense_mlp_width, embedding_parameter_count, expert_parameter_count
 from sidecar.budget.rope import FLOAT32_ROPE_TYPES
+from sidecar.budget.sampler_pass import profile_peak
 
 if TYPE_CHECKING:
     from sidecar.budget.ledger import PlanRequest
@@ -117,22 +90,6 @@ OLDER_OR_WORKSTATION_NAMES: Final = (
 )  # fmt: skip
 """GPU names of compute capability 7.x, 8.x or 12.x (Volta to Ada; RTX Blackwell is 12.0): none of them is
 in vLLM's tables for Hopper and data-centre Blackwell (see :func:`hopper_or_blackwell`)."""
-LOGIT_ELEMENT_BYTES: Final = 4
-"""The sampler works in float32."""
-SAMPLER_SORT_BYTES: Final = 32
-"""Bytes per logit that sorting the float32 logits holds beside them and the model's 16-bit logits
-(``logits.sort`` in ``apply_top_k_top_p``, vLLM 0.10-0.16): the sorted values (4) and their int64 indices
-(8), and, as torch's segmented radix sort works on rows this long, the int64 positions it sorts as values
-(8) and its alternate key and value buffers (4 + 8). The sum, 38 bytes a logit with the other two, is what
-the logs show: Qwen3-14B's 5.64 GiB torch peak on vLLM 0.15/0.16 is 37.7 bytes per logit beside the
-profile workspace."""
-SAMPLER_FLOAT32_COPIES: Final = 3
-"""float32 tensors of ``R x vocab`` the sampler holds at once beside the model's logits: the float32 logits,
-the probabilities and the exponential noise (``Sampler.forward``, ``TopKTopPSampler``, vLLM 0.10-0.32)."""
-PROFILE_WORKSPACE_BYTES: Final = 184 * 1024 * 1024
-"""What every V1 profile on the calibration table shows beside its larger pass (0.18 GiB, +-0.01 on the six
-models whose sampler pass dominates): workspaces the first forward allocates and keeps, and the forward's
-hidden states, alive while the sampler runs. Measured, not read in source."""
 
 
 def _mxfp4_padded_sizes(hidden_size: int, expert_width: int, width_shards: int) -> tuple[int, int]:
@@ -305,22 +262,14 @@ def estimate_activation_bytes(request: PlanRequest, *, samples: bool = True) -> 
     """
     if request.activation_bytes is not None:
         return request.activation_bytes
-    tokens, seqs = request.effective_batch
+    tokens = request.effective_batch[0]
     arch, tp = request.architecture, request.tensor_parallel_size
     element = ACTIVATION_ELEMENT_BYTES
     if request.weight_dtype and normalise_dtype(request.weight_dtype) == "fp32":
         element = round(WEIGHT_DTYPES["fp32"])  # --dtype float32: activations and logits are float32 too
     forward = tokens * (2 * arch.hidden_size + 3 * _dense_mlp_width(arch) // tp) * element
-    rows = min(seqs, tokens)  # the profile's sampler pass: one row per dummy request
-    copies = SAMPLER_FLOAT32_COPIES * LOGIT_ELEMENT_BYTES
-    if request.release.sampler_sorts_vocabulary(rows=rows, flashinfer_sampler=request.flashinfer_sampler):
-        copies = LOGIT_ELEMENT_BYTES + SAMPLER_SORT_BYTES  # the sort is the pass's peak
-    sampler = rows * arch.vocab_size * (element + copies) if samples else 0
-    rejection = request.release.rejection_pass_float32_copies() if request.speculative else 0
-    if samples and rejection:  # 2R rows of logits, a copy of the R bonus rows, the float32 tensors
-        sampler = max(sampler, rows * arch.vocab_size * (3 * element + rejection * LOGIT_ELEMENT_BYTES))
     held = encoder_outputs_bytes(request, tokens, element)
-    return max(forward, sampler) + held + moe_workspace_bytes(request) + PROFILE_WORKSPACE_BYTES
+    return profile_peak(request, forward, element, samples=samples) + held + moe_workspace_bytes(request)
 
 
 def encoder_outputs_bytes(request: PlanRequest, tokens: int, element: int) -> int:

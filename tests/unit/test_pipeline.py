@@ -55,6 +55,21 @@ def test_the_last_stage_sets_the_pool_and_each_stage_holds_its_share() -> None:
     assert "stage 2 (16 layers and the LM head and the sampler) sets the pool" in halves.notes[0]
 
 
+def test_a_model_too_large_for_one_gpu_is_planned_per_stage() -> None:
+    # Qwen3-32B's 61 GiB of weights do not fit one 40.47 GiB budget, which is why it runs on two stages: the
+    # plan must size each stage's pool, not the whole model's (it said "does not fit", 0 tokens). A real boot
+    # (vLLM 0.27.1, two RTX PRO 6000 at gpu_memory_utilization 0.426, FINDINGS.md) logs 56,640 tokens.
+    arch = architecture_from_config(json.loads((CONFIGS / "Qwen--Qwen3-32B.json").read_text()))
+    request = PlanRequest(
+        arch, round(95.01 * GIB), gpu="NVIDIA RTX PRO 6000 Blackwell Server Edition", max_model_len=32768,
+        gpu_memory_utilization=0.426, vllm_version="0.27.1", pipeline_parallel_size=2,
+    )  # fmt: skip
+    ledger = build_ledger(request)
+    assert len(ledger.stages) == 2
+    assert ledger.profile["weights"] < request.gpu_memory_bytes * 0.426  # a stage's half, not the model
+    assert ledger.kv_pool_tokens == pytest.approx(56_640, rel=0.06)
+
+
 def test_one_stage_is_the_unchanged_plan() -> None:
     ledger = build_ledger(llama_8b(pipeline_parallel_size=1))
     assert ledger.stages == ()

@@ -13,18 +13,21 @@ from pathlib import Path
 import pytest
 
 from sidecar.budget import PlanRequest, architecture_from_config, build_ledger, resolve_model
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.profile import estimate_activation_bytes, hopper_or_blackwell, moe_workspace_bytes
 from sidecar.budget.vllm_release import VllmRelease
 from sidecar.units import GIB, MIB
 
 CONFIGS = Path(__file__).parents[1] / "data" / "hf-configs"
+V1, V2 = ModelRunner.V1, ModelRunner.V2
 WORKSPACE = 184 * MIB  # PROFILE_WORKSPACE_BYTES, measured on the calibration table
 LLAMA_SAMPLER_ROW = 128256 * (2 + 3 * 4)  # one sampler row: bf16 logits + float32 logits, probs, noise
 LLAMA_FORWARD_TOKEN = (2 * 4096 + 3 * 14336) * 2  # residual + normed copy + gate/up (2I) + product (I)
 
 
 def _config(name: str) -> PlanRequest:
-    return PlanRequest(architecture_from_config(json.loads((CONFIGS / name).read_text())), 80 * GIB)
+    arch = architecture_from_config(json.loads((CONFIGS / name).read_text()))
+    return PlanRequest(arch, 80 * GIB, model_runner=V1)  # the calibrated V1 terms (0.19 H100 logs)
 
 
 @pytest.mark.parametrize(
@@ -47,7 +50,55 @@ def test_the_activation_peak_is_the_larger_pass(
 ) -> None:
     arch = resolve_model("llama-3-8b")
     request = PlanRequest(
-        arch, 24 * GIB, max_num_batched_tokens=tokens, max_num_seqs=seqs, tensor_parallel_size=tp
+        arch, 24 * GIB, max_num_batched_tokens=tokens, max_num_seqs=seqs, tensor_parallel_size=tp,
+        model_runner=V1,  # V1's sampler stage (sidecar/budget/sampler_pass.py); V2's is tested below
+    )  # fmt: skip
+    assert estimate_activation_bytes(request) == expected, case
+
+
+LLAMA_VOCAB, LLAMA_HIDDEN = 128256, 4096
+V2_STATE_SLOT = LLAMA_VOCAB * 4 + 2 * (LLAMA_VOCAB // 32) * 4 + 17_924  # counts, prompt mask, bitmask, tables
+
+
+@pytest.mark.parametrize(
+    ("case", "version", "tokens", "seqs", "expected"),
+    [
+        # 2,048 tokens, 256 rows: the sampler stage holds 2-byte logits, below the forward; the slots' state stays
+        ("forward-bound", "0.32.0", None, None, 2048 * LLAMA_FORWARD_TOKEN + 256 * V2_STATE_SLOT),
+        # 8,192 tokens over 1,024 rows: the forward's output, the rows' hidden states, 2-byte logits, argmax scratch
+        (
+            "sampler-bound",
+            "0.29.0",
+            1024,
+            1024,
+            (1024 + 1024) * LLAMA_HIDDEN * 2
+            + 1024 * LLAMA_VOCAB * 2
+            + 12 * 1024 * 126
+            + 1024 * V2_STATE_SLOT,
+        ),
+        # 0.34 profiles the warm-up sampling parameters too: float32 logits, filtered logits, probabilities
+        (
+            "0.34's warm-up pass",
+            "0.34.0",
+            None,
+            None,
+            (2048 + 256) * LLAMA_HIDDEN * 2 + 256 * LLAMA_VOCAB * 14 + 256 * V2_STATE_SLOT,
+        ),
+    ],
+)
+def test_the_v2_runner_samples_without_copies_and_keeps_each_slots_state(
+    case: str, version: str, tokens: int | None, seqs: int | None, expected: int
+) -> None:
+    # V2's dummy slots never had add_request: no float32 copy, no top-k/top-p; its Sampler keeps R x V int32
+    # output counts and the packed masks from load_model on (v1/worker/gpu/sample/penalties.py, 0.29.0, 0.32.0)
+    arch = resolve_model("llama-3-8b")
+    request = PlanRequest(
+        arch,
+        24 * GIB,
+        max_num_batched_tokens=tokens,
+        max_num_seqs=seqs,
+        vllm_version=version,
+        model_runner=V2,
     )
     assert estimate_activation_bytes(request) == expected, case
 
@@ -68,7 +119,9 @@ def test_a_measured_activation_figure_wins_and_chunking_bounds_the_estimate() ->
 
 def test_float32_serving_doubles_the_forward_and_the_logits() -> None:
     arch = resolve_model("llama-3-8b")
-    request = PlanRequest(arch, 24 * GIB, weight_dtype="fp32", max_num_batched_tokens=2048, max_num_seqs=8)
+    request = PlanRequest(
+        arch, 24 * GIB, weight_dtype="fp32", max_num_batched_tokens=2048, max_num_seqs=8, model_runner=V1
+    )
     assert estimate_activation_bytes(request) == 2048 * (2 * 4096 + 3 * 14336) * 4 + WORKSPACE
 
 
@@ -140,8 +193,9 @@ def test_a_moe_models_dense_layers_and_shared_experts_size_its_forward() -> None
     # wider than its one shared expert (2048); the routed experts (2048 / 8 = 256 per GPU) are in the workspace
     deepseek = _config("deepseek-ai--DeepSeek-V3.json")
     request = PlanRequest(
-        deepseek.architecture, 80 * GIB, tensor_parallel_size=8, max_num_batched_tokens=8192, max_num_seqs=8
-    )
+        deepseek.architecture, 80 * GIB, tensor_parallel_size=8, max_num_batched_tokens=8192, max_num_seqs=8,
+        model_runner=V1,
+    )  # fmt: skip
     workspace = 8192 * 8 * (max(256, 7168) + max(512, 7168)) * 2
     assert moe_workspace_bytes(request) == workspace
     assert (

@@ -12,10 +12,13 @@ import pytest
 
 from sidecar.budget.architecture import Architecture, architecture_from_config
 from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.cli import build_parser, plan_request_from_args
 from sidecar.errors import UsageError
 from sidecar.units import GIB
+
+V1, V2 = ModelRunner.V1, ModelRunner.V2
 
 DEEPSEEK: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 1024,
@@ -62,7 +65,10 @@ def test_an_mtp_layer_adds_its_kv_to_every_token_and_its_weights_to_every_gpu() 
 def test_a_draftless_method_adds_no_weights_or_kv_only_the_rejection_pass(method: str) -> None:
     model = architecture_from_config(DEEPSEEK)
     spec = f'{{"method": "{method}", "num_speculative_tokens": 3, "prompt_lookup_max": 3}}'
-    drafted, plain = build_ledger(plan(model, spec)), build_ledger(plan(model, None))
+    drafted, plain = (
+        build_ledger(plan(model, spec, model_runner=V1)),
+        build_ledger(plan(model, None, model_runner=V1)),
+    )
     assert "drafter" not in drafted.profile
     assert drafted.kv_bytes_per_token == plain.kv_bytes_per_token
     rows = 256  # the profile's dummy requests on a 24 GiB card
@@ -87,7 +93,7 @@ def test_the_rejection_pass_sets_the_sampler_peak_as_each_release_holds_it(
     model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
     settings = {
         "vllm_version": version, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-        "flashinfer_sampler": flashinfer_sampler,
+        "flashinfer_sampler": flashinfer_sampler, "model_runner": V1,  # V1's pass; V2 runs none (below)
     }  # fmt: skip
     drafted = build_ledger(plan(model, '{"method": "ngram"}', **settings))
     plain = build_ledger(plan(model, None, **settings))
@@ -154,7 +160,7 @@ def test_with_pipeline_stages_the_drafter_sits_on_the_last() -> None:
 
 def test_the_plan_says_what_the_rejection_pass_costs() -> None:
     model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
-    notes = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024)).notes
+    notes = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024, model_runner=V1)).notes
     rejection = [note for note in notes if "rejection sampler" in note]
     assert rejection == [
         "speculative decoding: vLLM's start-up profile also runs its rejection sampler over the dummy "
@@ -162,3 +168,15 @@ def test_the_plan_says_what_the_rejection_pass_costs() -> None:
     ]  # 12 x 1,024 x 128,256 bytes
     old = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024, vllm_version="0.11.0")).notes
     assert not [note for note in old if "rejection sampler" in note]
+    v2 = build_ledger(plan(model, '{"method": "ngram"}', max_num_seqs=1024, model_runner=V2)).notes
+    assert not [note for note in v2 if "rejection sampler" in note]
+
+
+def test_the_v2_runner_profiles_no_rejection_pass_only_a_wider_grammar_bitmask() -> None:
+    # V2's _dummy_sampler_run calls its plain sampler only (v1/worker/gpu/model_runner.py, 0.32.0); the
+    # structured-output bitmask it keeps holds a row per query token, 1 + k (gpu/structured_outputs.py)
+    model = architecture_from_config(DEEPSEEK | {"vocab_size": 128256})
+    settings = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "model_runner": V2}
+    plain = build_ledger(plan(model, None, **settings))
+    drafted = build_ledger(plan(model, '{"method": "ngram", "num_speculative_tokens": 3}', **settings))
+    assert drafted.profile["activation"] - plain.profile["activation"] == 1024 * 3 * (128256 // 32) * 4
