@@ -13,7 +13,7 @@ in the CPU wheel this project installs), on CUDA:
 * 0.22: V2 for ``Qwen3ForCausalLM``, 0.23 also ``LlamaForCausalLM`` and ``MistralForCausalLM``: dense and
   unquantised checkpoints only (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``,
   ``_is_default_v2_model_runner_model``);
-* 0.24: those and three MoE classes (:data:`LISTED_MOE_CLASSES` of 0.24), quantised or not;
+* 0.24: those and three MoE classes (:data:`LISTED_CLASSES_0_24`), quantised or not;
 * 0.25-0.26: every dense model without state layers (vLLM's ``is_hybrid``), and the listed MoE classes;
 * 0.27-0.28: state-layer models too where their class is listed;
 * 0.29-0.33: every generating model ("the first tagged release with this default will be v0.29.0", vLLM's

@@ -1,7 +1,7 @@
 """The profile's rejection-sampler pass on the real engine: it holds what the plan adds for it.
 
-With speculative decoding (any method) vLLM's ``profile_run`` ends with the rejection sampler as well as the
-plain sampler, and that pass holds ``12 x R x vocab`` bytes more (``sidecar/budget/profile.py`` has the
+With speculative decoding (any method) V1's ``profile_run`` ends with the rejection sampler as well as the
+plain sampler, and that pass holds ``12 x R x vocab`` bytes more (``sidecar/budget/sampler_pass.py`` has the
 reading of the source). The CPU engine has no allocator statistics and its sampler sorts for top-k/top-p
 where the GPU's does not, so its absolute figures are not the GPU's; what it can show is the increment,
 which the sort does not change: ``rejection_probe.py`` reads the pass's peak resident memory with n-gram
@@ -18,6 +18,7 @@ import pytest
 
 from sidecar.budget import load_architecture
 from sidecar.budget.ledger import PlanRequest, build_ledger
+from sidecar.budget.model_runner import ModelRunner
 from sidecar.budget.speculative import SpeculativeSettings
 from sidecar.units import GIB
 from tests.harness.vllm import probe_runs, run_probe
@@ -39,6 +40,7 @@ def test_the_rejection_pass_adds_what_the_plan_adds(vllm_env: Path, tiny_model: 
         request = PlanRequest(
             architecture=load_architecture(model), gpu_memory_bytes=24 * GIB, max_model_len=512,
             max_num_seqs=rows, max_num_batched_tokens=2048, speculative=spec,
+            model_runner=ModelRunner.V1,  # the CPU engine has no Triton: "using the V1 model runner instead"
         )  # fmt: skip
         return build_ledger(request).profile["activation"]
 
