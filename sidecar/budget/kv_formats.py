@@ -47,7 +47,7 @@ from sidecar.budget.dtypes import (
     normalise_dtype,
     serving_dtype,
 )
-from sidecar.budget.layer_kinds import LayerKind
+from sidecar.budget.layer_kinds import LayerKind, vllm_is_hybrid
 from sidecar.budget.state_layers import KERNEL_BLOCK  # the boundary page the block is raised to cover
 from sidecar.errors import UsageError
 
@@ -123,7 +123,7 @@ def kv_format(kv_cache_dtype: str) -> KvFormat | None:
 def boundary_layer_count(request: PlanRequest) -> int:
     """Attention layers vLLM keeps at the model's dtype under the request's format (0 for most)."""
     fmt, arch = kv_format(request.kv_cache_dtype), request.architecture
-    if fmt is None or not fmt.boundary or _hybrid(request):
+    if fmt is None or not fmt.boundary or vllm_is_hybrid(request.architecture.kv_kinds):
         return 0
     n = min(BOUNDARY_LAYERS, arch.num_layers // 2)
     return sum(kind.attends for kind in _ends(arch.kv_kinds, n))
@@ -187,7 +187,11 @@ def check_kv_format(request: PlanRequest) -> None:
             f"vLLM has no MLA attention backend for --kv-cache-dtype {name}: MLA models such as "
             f"{arch.class_name or arch.model_type} do not start with it; use fp8 or auto"
         )
-    if fmt.boundary and _hybrid(request) and not release.at_least(HYBRID_TURBOQUANT_SINCE):
+    if (
+        fmt.boundary
+        and vllm_is_hybrid(request.architecture.kv_kinds)
+        and not release.at_least(HYBRID_TURBOQUANT_SINCE)
+    ):
         raise UsageError(
             f"vLLM {release} refuses TurboQuant KV for models with state layers (from "
             f"0.{HYBRID_TURBOQUANT_SINCE}.0); choose fp8, or a newer release"
@@ -223,11 +227,6 @@ def kv_format_notes(request: PlanRequest, block: int) -> tuple[str, ...]:
             "one and picks its block within it, which the plan does not model (each layer at its own page)"
         )
     return tuple(notes)
-
-
-def _hybrid(request: PlanRequest) -> bool:
-    """Whether vLLM calls the model hybrid: state layers beside attention (``ModelConfig.is_hybrid``)."""
-    return LayerKind.STATE in request.architecture.kv_kinds
 
 
 def _ends(kinds: tuple[LayerKind, ...], n: int) -> tuple[LayerKind, ...]:

@@ -76,6 +76,14 @@ class LayerKind(StrEnum):
         return self in (LayerKind.FULL, LayerKind.SLIDING, LayerKind.CHUNKED)
 
 
+def vllm_is_hybrid(kinds: tuple[LayerKind, ...]) -> bool:
+    """Whether vLLM calls a model with these layers hybrid: state layers among them (its ``is_hybrid``).
+
+    ``kinds`` is ``Architecture.kv_kinds``; it gates TurboQuant's boundary layers and V2's default runner.
+    """
+    return LayerKind.STATE in kinds
+
+
 _LISTED_KINDS = {
     "full_attention": LayerKind.FULL,
     "attention": LayerKind.FULL,  # Granite-4.0-H, Jamba

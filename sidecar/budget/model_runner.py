@@ -37,7 +37,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
-from sidecar.budget.layer_kinds import LayerKind
+from sidecar.budget.layer_kinds import vllm_is_hybrid
 
 if TYPE_CHECKING:
     from sidecar.budget.architecture import Architecture
@@ -94,10 +94,6 @@ def v2_takes_speculative_method(release: VllmRelease, method: str) -> bool:
     return name in V2_SPECULATIVE_METHODS
 
 
-def _has_state_layers(arch: Architecture) -> bool:
-    return arch.state is not None or LayerKind.STATE in arch.layer_kinds
-
-
 def _release_lists_model(release: VllmRelease, arch: Architecture) -> bool:
     """Whether ``release`` sends this model to V2 by default (before settings that V2 lacks)."""
     name = arch.class_name or ""
@@ -105,7 +101,7 @@ def _release_lists_model(release: VllmRelease, arch: Architecture) -> bool:
     if release.at_least(29):
         return True
     if release.at_least(25):
-        if _has_state_layers(arch):
+        if vllm_is_hybrid(arch.kv_kinds):
             return release.at_least(27) and name in LISTED_MOE_CLASSES
         return not moe or name in LISTED_MOE_CLASSES
     if release.at_least(24):
