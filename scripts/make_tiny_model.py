@@ -55,9 +55,21 @@ CORPUS = [
     '{"model": "tiny", "prompt": "hello", "max_tokens": 16, "stream": true}',
     "0123456789 +-*/=()[]{}<>,.;:!?'\" \n\t",
 ]
+# ChatML that also prints what a tool-calling template prints (tools, calls' arguments, names, call ids,
+# reasoning), so the e2e tier checks the sidecar's rebuilt messages and tools against vLLM's rendering. A chat
+# without those renders as plain ChatML. ``{{ '\n' }}`` after a tag: templates render with trim_blocks.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools is not none %}<|im_start|>tools{{ '\\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\\n' }}{% endfor %}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}"
+    "{% if message.name is defined %} {{ message.name }}{% endif %}"
+    "{% if message.tool_call_id is defined %} {{ message.tool_call_id }}{% endif %}{{ '\\n' }}"
+    "{% if message.reasoning_content is defined and message.reasoning_content is not none %}"
+    "<think>{{ message.reasoning_content }}</think>{% endif %}{{ message['content'] }}"
+    "{% if message.tool_calls is defined %}{% for call in message.tool_calls %}"
+    "<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>"
+    "{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 END = "<|endoftext|>"

@@ -12,9 +12,8 @@ Numbers and booleans are coerced the way vLLM's pydantic request models coerce t
 (``"8"``, ``8.0`` and ``true`` are the integer 8, 8 and 1; ``2.5`` and ``"abc"`` are refused),
 which ``tests/unit/test_body_parity.py`` checks against pydantic itself. ``n`` is the number of
 sequences per prompt (``best_of`` no longer exists in vLLM 0.32: like any unknown field it is
-ignored, so it is ignored here too). Every problem is one :class:`RefusedError`
-naming it; values vLLM would refuse for its own reasons are left to vLLM unless
-:mod:`sidecar.admission.parity` says the sidecar refuses them the same way.
+ignored, so it is ignored here too). Every problem is one :class:`RefusedError` naming it; values vLLM
+would refuse for its own reasons are left to vLLM unless :mod:`sidecar.admission.parity` says so.
 """
 
 from __future__ import annotations
@@ -27,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
+from sidecar.admission.conversation import template_kwargs
 from sidecar.admission.outcomes import Reason, RefusedError
-from sidecar.admission.tokens import TokenCounter, content_texts, media_parts, template_kwargs
+from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
 
 T = TypeVar("T")
 
@@ -280,11 +280,11 @@ def _chat_prompt(
     body: dict[str, Any], messages: list[dict[str, Any]], counter: TokenCounter
 ) -> tuple[int, tuple[int, ...] | None, bool]:
     """Rendered through the model's template (exact), else text plus the per-message overhead."""
-    custom_template = body.get("chat_template") is not None
-    if not custom_template:
+    if body.get("chat_template") is None:  # a request's own template: vLLM needs a flag to trust it
         rendered = counter.chat_tokens(
             messages,
-            tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+            tools=body.get("tools"),
+            tool_choice=body.get("tool_choice"),
             add_generation_prompt=body.get("add_generation_prompt", True) is not False,
             extra=template_kwargs(body),
             special=_optional_bool(body, "add_special_tokens"),  # vLLM's chat default: false
@@ -292,6 +292,8 @@ def _chat_prompt(
         if rendered is not None:
             return len(rendered), tuple(rendered), counter.chats_exact
     total = sum(counter.count(_content_text(m.get("content"))) + CHAT_MESSAGE_OVERHEAD for m in messages)
+    if isinstance(tools := body.get("tools"), list) and tools:  # the template prints them, near their JSON
+        total += counter.count(json.dumps(tools, ensure_ascii=False))
     return total, None, False
 
 

@@ -17,11 +17,11 @@ only refuses on exact counts (a tokenizer, or prompts given as token ids).
 sandboxed environment transformers' ``apply_chat_template`` sets up (``trim_blocks``,
 ``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``, ``strftime_now``, the special
 tokens as variables), then tokenized without adding special tokens (vLLM's chat default,
-``add_special_tokens=False``). Message content is shaped as vLLM shapes it for the template
-(``vllm/renderers/hf.py``, ``_detect_content_format``): a template that loops over a message's
-``content`` gets a list of ``{"type": "text", "text": ...}`` parts, any other gets the text parts
-joined by newlines (``renderers/chat_utils.py``). A template that fails to render falls back to
-the estimate.
+``add_special_tokens=False``). The template gets the messages, tools and variables vLLM builds
+(:mod:`sidecar.admission.conversation`); a template that loops over a message's ``content`` gets
+a list of ``{"type": "text", "text": ...}`` parts, any other the text parts joined by newlines
+(``vllm/renderers/hf.py``, ``_detect_content_format``). A template that fails to render, or a
+request vLLM would refuse, falls back to the estimate.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from sidecar.admission.conversation import CONTINUE_TAG, tagged, template_message, template_tools
 from sidecar.errors import ConfigError
 
 BYTES_PER_TOKEN = 4
@@ -75,7 +76,8 @@ class TokenCounter(Protocol):
         self,
         messages: list[dict[str, Any]],
         *,
-        tools: list[Any] | None = None,
+        tools: Any = None,
+        tool_choice: Any = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
         special: bool = False,
@@ -108,7 +110,8 @@ class EstimatingCounter:
         self,
         messages: list[dict[str, Any]],
         *,
-        tools: list[Any] | None = None,
+        tools: Any = None,
+        tool_choice: Any = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
         special: bool = False,
@@ -169,52 +172,6 @@ def media_parts(content: Any) -> int:
             or kind not in TEXT_PART_TYPES
         )
     )
-
-
-def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """The template's variables as vLLM 0.32 builds them (``ChatCompletionRequest.build_chat_params``).
-
-    The client's ``chat_template_kwargs``, overridden by the request's own fields that are set:
-    ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
-    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
-    """
-    given = body.get("chat_template_kwargs")  # the request's add_generation_prompt wins over its copy here
-    user = {k: v for k, v in given.items() if k != "add_generation_prompt"} if isinstance(given, dict) else {}
-    own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
-    if own["reasoning_effort"] is not None and "enable_thinking" not in user:
-        own["enable_thinking"] = own["reasoning_effort"] != "none"
-    return user | {key: value for key, value in own.items() if value not in (None, "auto")}
-
-
-CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-"""transformers' marker for the end of a message to continue (``continue_final_message_tag``)."""
-
-
-def _tagged(message: dict[str, Any]) -> dict[str, Any]:
-    """The final message with the tag after its (last) text, or a ``ValueError`` when it has none."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": content + CONTINUE_TAG}
-    if isinstance(content, list):
-        for index in range(len(content) - 1, -1, -1):
-            if isinstance(part := content[index], dict) and isinstance(part.get("text"), str):
-                tagged = [
-                    *content[:index],
-                    {**part, "text": part["text"] + CONTINUE_TAG},
-                    *content[index + 1 :],
-                ]
-                return {**message, "content": tagged}
-    raise ValueError("continue_final_message is set but the final message has no text to continue")
-
-
-def _shape_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
-    """The message as vLLM hands it to a template of ``content_format`` (text parts only)."""
-    texts = content_texts(message.get("content"))
-    if content_format == "openai":
-        content: Any = [{"type": "text", "text": text} for text in texts]
-    else:
-        content = "\n".join(texts)
-    return {**message, "content": content}
 
 
 def _content_format(ast: Any) -> str:
@@ -292,10 +249,10 @@ class ChatTemplate:
         marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
         """
         variables = {**(extra or {}), **self._specials}
-        shaped = [_shape_message(m, self.content_format) for m in messages]
+        shaped = [template_message(m, self.content_format) for m in messages]
         continued = bool(variables.get("continue_final_message")) and bool(shaped)
         if continued:
-            shaped[-1] = _tagged(shaped[-1])
+            shaped[-1] = tagged(shaped[-1])
         text: str = self._template.render(
             messages=shaped, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )
@@ -337,7 +294,14 @@ class TokenizerCounter:
 
     exact = True
 
-    def __init__(self, path: Path, template: ChatTemplate | None = None, *, harmony: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        template: ChatTemplate | None = None,
+        *,
+        harmony: bool = False,
+        exclude_tools_when_tool_choice_none: bool = False,
+    ) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -350,6 +314,9 @@ class TokenizerCounter:
             raise ConfigError(f"cannot load {path}: {exc}") from None
         self._template = template
         self.chats_exact = not harmony  # vLLM renders gpt-oss chats with openai_harmony, not this template
+        self._exclude_tools = (
+            exclude_tools_when_tool_choice_none  # vLLM's --exclude-tools-when-tool-choice-none
+        )
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
@@ -363,23 +330,33 @@ class TokenizerCounter:
         self,
         messages: list[dict[str, Any]],
         *,
-        tools: list[Any] | None = None,
+        tools: Any = None,
+        tool_choice: Any = None,
         add_generation_prompt: bool = True,
         extra: dict[str, Any] | None = None,
         special: bool = False,
     ) -> list[int] | None:
-        """The chat rendered through the model's template and tokenized; ``None`` without a template."""
+        """The chat rendered through the model's template and tokenized; ``None`` without a template.
+
+        Messages and tools are rebuilt as vLLM rebuilds them (:mod:`sidecar.admission.conversation`); one
+        vLLM would refuse, or a template that raises, gives ``None`` (the caller estimates).
+        """
         if self._template is None:
             return None
         try:
-            text = self._template.render(messages, tools, add_generation_prompt, extra)
+            dumped = template_tools(tools, tool_choice, exclude_when_choice_none=self._exclude_tools)
+            text = self._template.render(messages, dumped, add_generation_prompt, extra)
         except Exception:  # noqa: BLE001 - a template may raise anything on unusual messages
             return None
         return self.tokens(text, special=special)
 
 
-def load_counter(model: str | None) -> TokenCounter:
-    """The exact counter when ``model`` is a directory with ``tokenizer.json`` and tokenizers is installed."""
+def load_counter(model: str | None, *, exclude_tools_when_tool_choice_none: bool = False) -> TokenCounter:
+    """The exact counter when ``model`` is a directory with ``tokenizer.json`` and tokenizers is installed.
+
+    ``exclude_tools_when_tool_choice_none``: vLLM's flag of that name (a ``"none"`` tool choice renders no
+    tools).
+    """
     if model:
         path = Path(model).expanduser()
         directory = path if path.is_dir() else path.parent
@@ -391,7 +368,12 @@ def load_counter(model: str | None) -> TokenCounter:
                 config = {}
             harmony = isinstance(config, dict) and config.get("model_type") == "gpt_oss"  # as vLLM decides
             try:
-                return TokenizerCounter(candidate, ChatTemplate.load(directory), harmony=harmony)
+                return TokenizerCounter(
+                    candidate,
+                    ChatTemplate.load(directory),
+                    harmony=harmony,
+                    exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none,
+                )
             except ConfigError:
                 return EstimatingCounter()
     return EstimatingCounter()

@@ -117,6 +117,65 @@ async def test_chat_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model
             assert facts.prompts == (payload["usage"]["prompt_tokens"],), extra
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}
+ASKED = {"role": "user", "content": "what is the weather"}
+TOOL_CHATS: dict[str, dict[str, Any]] = {  # vLLM rebuilds these before its template prints them
+    "a tool with a name only": {"messages": [ASKED], "tools": [{"type": "function", "function": {"name": "w"}}]},
+    "a reordered tool with unknown keys": {
+        "messages": [ASKED],
+        "tools": [
+            {
+                "function": {"parameters": {"type": "object"}, "name": "w", "description": "d", "x-extra": 1},
+                "type": "function",
+                "extra": True,
+            }
+        ],
+    },
+    "strict set": {"messages": [ASKED], "tools": [{"type": "function", "function": {"name": "w", "strict": False}}]},
+    "a call's arguments as a JSON string": {
+        "messages": [ASKED, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "22C"}],
+    },
+    "arguments that are not JSON": {
+        "messages": [ASKED, {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "not json"}}]}, ASKED],
+    },
+    "a tool result in parts": {
+        "messages": [ASKED, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                     {"role": "tool", "tool_call_id": "c1",
+                      "content": [{"type": "text", "text": "22C"}, {"type": "text", "text": "sunny"}]}],
+    },
+    "empty tool_calls": {"messages": [ASKED, {"role": "assistant", "content": "ok", "tool_calls": []}, ASKED]},
+    "a name and an unknown key": {"messages": [{"role": "user", "content": "hi", "name": "bob", "weight": 2}]},
+    "reasoning": {"messages": [ASKED, {"role": "assistant", "content": "ok", "reasoning": "hmm"}, ASKED]},
+    "reasoning_content": {"messages": [ASKED, {"role": "assistant", "content": "ok", "reasoning_content": "hmm"}]},
+    "a billing header": {
+        "messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=12\nbe brief"}, ASKED],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_CHATS))
+async def test_tool_chats_count_as_vllm_renders_them(
+    vllm_server: VllmServer, tiny_model: Path, name: str
+) -> None:
+    """Tools, calls and messages as vLLM rebuilds them (:mod:`sidecar.admission.conversation`).
+
+    The tiny model's template prints tools and calls as tool-calling templates do; the server runs without
+    a tool parser, so tools go with ``tool_choice`` ``"none"`` (without it vLLM refuses before rendering).
+    """
+    counter = load_counter(str(tiny_model))
+    body = {"model": "tiny", "max_tokens": 1, **TOOL_CHATS[name]}
+    if "tools" in body:
+        body["tool_choice"] = "none"
+    async with aiohttp.ClientSession() as session:
+        status, _, payload = await _post(session, vllm_server.url + "/v1/chat/completions", body)
+    assert status == 200, payload
+    facts = request_facts("/v1/chat/completions", body, counter)
+    assert facts.exact
+    assert facts.prompts == (payload["usage"]["prompt_tokens"],)
+
+
 async def test_responses_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model: Path) -> None:
     """The Responses API's ``instructions`` lead as a system message (``construct_input_messages``)."""
     counter = load_counter(str(tiny_model))

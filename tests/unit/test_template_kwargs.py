@@ -16,7 +16,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from sidecar.admission.body import request_facts
-from sidecar.admission.tokens import load_counter, template_kwargs
+from sidecar.admission.conversation import template_kwargs
+from sidecar.admission.tokens import load_counter
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 ROUTE = "/v1/chat/completions"

@@ -1,0 +1,206 @@
+"""A chat request's messages, tools and variables as vLLM hands them to the chat template. Pure.
+
+An exact chat count renders the model's template with what vLLM renders it with, not with the request's JSON
+as sent: vLLM 0.32.0 rebuilds every message and dumps every tool through its request models first, and a
+template that prints a tool (``tool | tojson``) or a call's arguments prints what vLLM built. Read in vLLM
+0.32.0 and checked against the real CPU server (``tests/e2e/test_engine_parity.py`` sends each case to both):
+
+* **Messages** (``_parse_chat_message_content`` and ``_postprocess_messages``,
+  ``vllm/renderers/chat_utils.py``, after ``ChatCompletionRequest._normalize_messages_before``,
+  ``chat_completion/protocol.py``): a fresh message of ``role`` and ``content`` (the text parts joined by
+  newlines for a template of the ``string`` format, text parts for ``openai``; ``None`` is no parts); then
+  only ``tool_calls`` (assistant, when not ``None``), ``reasoning`` and its copy ``reasoning_content``
+  (assistant; a client's ``reasoning_content`` is renamed to ``reasoning`` first), ``tool_call_id`` (tool),
+  ``name`` and ``task`` (when strings) and a developer message's ``tools``; every other key is dropped. A
+  system message loses a leading Claude Code billing header line (``_strip_claude_code_billing_header``). A
+  tool message's text parts become one string whatever the format. An assistant's empty ``tool_calls`` is
+  dropped, and each call's ``arguments`` string is parsed into an object (``{}`` when empty, not JSON, or
+  not an object).
+* **Tools** (``ChatCompletionToolsParam.model_dump``, ``openai/chat_completion/protocol.py``): ``type``, then
+  ``function`` as ``name``, ``description`` and ``parameters`` (``null`` when absent), ``strict`` and
+  ``defer_loading`` only when set; other keys dropped. ``tools`` of ``None``, or ``tool_choice`` ``"none"``
+  on a server started with ``--exclude-tools-when-tool-choice-none`` (``online_renderer.py``), renders none.
+* **Variables**: :func:`template_kwargs`; a continued final message is cut where its text ends
+  (:func:`tagged`).
+
+What vLLM would refuse (a call that is not an object, a tool without a string name) raises ``ValueError``:
+the counter then falls back to its estimate and vLLM gives its own answer. Not rebuilt: the extra fields of
+an ``openai``-format text part (``_collect_extra_fields``), which no template known here prints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+BILLING_HEADER = "x-anthropic-billing-header"
+"""Claude Code's per-request attribution line, dropped from system text (``_CLAUDE_CODE_BILLING_HEADER``)."""
+
+
+def _parts(content: Any) -> list[Any]:
+    """A message's content as a list of parts (a string is one text part)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else [content]
+
+
+def _part_text(part: Any) -> str | None:
+    """The text of a text part (a bare string, or a dict with a string ``text``)."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return None
+
+
+def _is_text_part(part: Any) -> bool:
+    """A bare string or a ``{"type": "text"}`` part: the parts vLLM strips the billing header from."""
+    return isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+
+
+def _without_billing_header(parts: list[Any]) -> list[Any]:
+    """System parts less a leading billing-header line; a part that held only that line goes."""
+    kept: list[Any] = []
+    for part in parts:
+        text = _part_text(part)
+        if text is None or not text.startswith(BILLING_HEADER) or not _is_text_part(part):
+            kept.append(part)
+        elif rest := text.partition("\n")[2]:
+            kept.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return kept
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    """A call's ``arguments`` as the template gets them: an object, ``{}`` for anything else."""
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
+    """An assistant's calls with their arguments parsed; ``ValueError`` for one vLLM refuses."""
+    shaped = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise ValueError("vLLM refuses a tool call that is not a function object")
+        shaped.append({**call, "function": {**function, "arguments": _arguments(function.get("arguments"))}})
+    return shaped
+
+
+def template_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
+    """One message as vLLM 0.32 hands it to a template of ``content_format`` (``string`` or ``openai``)."""
+    role = message.get("role")
+    parts = _parts(message.get("content"))
+    if role == "system":
+        parts = _without_billing_header(parts)
+    texts = [text for part in parts if (text := _part_text(part)) is not None]
+    content: Any = (
+        [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
+    )
+    shaped: dict[str, Any] = {"role": role, "content": content}
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            shaped["tool_calls"] = _tool_calls(calls)
+        elif calls is not None and not isinstance(calls, list):
+            raise ValueError("vLLM refuses tool_calls that are not a list")
+        if reasoning is not None:
+            shaped["reasoning"] = shaped["reasoning_content"] = reasoning
+    elif role == "tool":
+        if "tool_call_id" in message:
+            shaped["tool_call_id"] = message["tool_call_id"]
+        if isinstance(content, list):
+            shaped["content"] = "\n".join(texts)
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            shaped[key] = message[key]
+    if role == "developer":
+        shaped["tools"] = message.get("tools")
+    return shaped
+
+
+def _function(function: Any, defer_loading: Any) -> dict[str, Any]:
+    """``FunctionDefinition.model_dump``: name, description, parameters; strict and deferral when set."""
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError("vLLM refuses a tool without a function name")
+    description, parameters = function.get("description"), function.get("parameters")
+    if not isinstance(description, str | None) or not isinstance(parameters, dict | None):
+        raise ValueError("vLLM refuses a tool whose description is not text or parameters not an object")
+    dumped = {"name": function["name"], "description": description, "parameters": parameters}
+    deferred = function.get("defer_loading")
+    deferred = defer_loading if deferred is None else deferred  # the tool's own, when the function has none
+    for key, value in (("strict", function.get("strict")), ("defer_loading", deferred)):
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"vLLM reads a tool's {key} as a boolean")  # pydantic's coercion is not repeated
+        if value is not None:
+            dumped[key] = value
+    return dumped
+
+
+def template_tools(
+    tools: Any, tool_choice: Any = None, *, exclude_when_choice_none: bool = False
+) -> list[dict[str, Any]] | None:
+    """The request's ``tools`` as vLLM 0.32 dumps them for the template; ``None`` renders none."""
+    if tools is None or (tool_choice == "none" and exclude_when_choice_none):
+        return None
+    if not isinstance(tools, list):
+        raise ValueError("vLLM refuses tools that are not a list")
+    dumped = []
+    for tool in tools:
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise ValueError("vLLM refuses a tool that is not a function")
+        function = _function(tool.get("function"), tool.get("defer_loading"))
+        entry: dict[str, Any] = {"type": "function", "function": function}
+        if tool.get("defer_loading") is not None:
+            entry["defer_loading"] = tool["defer_loading"]
+        dumped.append(entry)
+    return dumped
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """The template's variables as vLLM 0.32 builds them (``ChatCompletionRequest.build_chat_params``).
+
+    The client's ``chat_template_kwargs``, overridden by the request's own fields that are set:
+    ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
+    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
+    """
+    given = body.get("chat_template_kwargs")  # the request's add_generation_prompt wins over its copy here
+    user = {k: v for k, v in given.items() if k != "add_generation_prompt"} if isinstance(given, dict) else {}
+    own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
+    if own["reasoning_effort"] is not None and "enable_thinking" not in user:
+        own["enable_thinking"] = own["reasoning_effort"] != "none"
+    return user | {key: value for key, value in own.items() if value not in (None, "auto")}
+
+
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+"""transformers' marker for the end of a message to continue (``continue_final_message_tag``)."""
+
+
+def tagged(message: dict[str, Any]) -> dict[str, Any]:
+    """The final message with the tag after its (last) text, or a ``ValueError`` when it has none."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": content + CONTINUE_TAG}
+    if isinstance(content, list):
+        for index in range(len(content) - 1, -1, -1):
+            if isinstance(part := content[index], dict) and isinstance(part.get("text"), str):
+                parts = [
+                    *content[:index],
+                    {**part, "text": part["text"] + CONTINUE_TAG},
+                    *content[index + 1 :],
+                ]
+                return {**message, "content": parts}
+    raise ValueError("continue_final_message is set but the final message has no text to continue")
