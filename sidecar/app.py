@@ -84,6 +84,7 @@ class RunOptions:
     queue: QueueSettings = field(default_factory=QueueSettings)
     limits: ClientLimits = field(default_factory=ClientLimits)
     tokenizer_model: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False  # vLLM's flag: how a chat's tools are counted
     admin_token: str | None = None
     model_retry: float = MODEL_RETRY_SECONDS
 
@@ -145,7 +146,7 @@ class SidecarApp:
             self.proxy = Proxy(
                 ProxySettings(upstream=options.upstream, limits=options.limits),
                 self.controller,
-                counter or load_counter(options.tokenizer_model),
+                counter or self._load_counter(options.tokenizer_model),
                 ProxyMetrics(self.registry),
                 self.lifecycle,
                 log,
@@ -161,6 +162,11 @@ class SidecarApp:
         self.connection_metrics = ConnectionMetrics(self.registry)
         self.admin_port: int | None = None
         self.proxy_port: int | None = None
+
+    def _load_counter(self, model: str | None) -> TokenCounter:
+        """The model's token counter, told how vLLM renders a chat's tools."""
+        exclude = self.options.exclude_tools_when_tool_choice_none
+        return load_counter(model, exclude_tools_when_tool_choice_none=exclude)
 
     def _pool(self) -> PoolView | None:
         """The KV pool admission plans against: the engine's blocks, else the prediction's.
@@ -318,7 +324,7 @@ class SidecarApp:
     async def _model_resolved(self, resolved: ResolvedModel) -> None:
         """``--model`` resolved late: count tokens with its tokenizer from now on."""
         if self.proxy is not None and resolved.directory is not None:
-            self.proxy.counter = await asyncio.to_thread(load_counter, str(resolved.directory))
+            self.proxy.counter = await asyncio.to_thread(self._load_counter, str(resolved.directory))
 
     async def drain(self) -> bool:
         """Stop taking work and wait for in-flight responses; ``True`` when all ended in time."""

@@ -281,6 +281,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             upstream_timeout=args.upstream_timeout,
         ),
         tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         admin_token=args.admin_token or None,
         model_retry=args.model_retry,
     )

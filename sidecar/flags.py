@@ -230,6 +230,11 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     add(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help="vLLM runs with this flag: a chat with tool_choice none is counted without its tools",
+    )
+    add(
         "--queue-max-entries",
         type=parse_positive_int,
         default=default_of(queue, "max_entries"),

@@ -57,7 +57,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                                                                "prompt_lookup_max": 4}}},
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "streamInterval": 4,
-                        "enablePrefixCaching": True, "extraArgs": ["--enable-chunked-prefill"]},
+                        "enablePrefixCaching": True,
+                        "extraArgs": ["--enable-chunked-prefill", "--exclude-tools-when-tool-choice-none"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
     "vllm-env": {"vllm": {"env": [
@@ -164,7 +165,7 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
                  "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
-                 "--speculative-config"):  # fmt: skip
+                 "--speculative-config", "--exclude-tools-when-tool-choice-none"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"

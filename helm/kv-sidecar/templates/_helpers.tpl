@@ -176,6 +176,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ . | quote }}
 {{- end }}
 {{- include "kv-sidecar.memoryArgs" . }}
+{{- /* vLLM flags set through extraArgs that change how the sidecar counts a prompt */}}
+{{- if has "--exclude-tools-when-tool-choice-none" (default (list) .Values.vllm.extraArgs) }}
+- --exclude-tools-when-tool-choice-none
+{{- end }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
 - --weight-dtype
 - {{ . | quote }}
