@@ -136,6 +136,7 @@ class SidecarApp:
             on_policy=self._on_policy,
             max_num_seqs=lambda: inputs.max_num_seqs,
             scrape_soon=self._scrape_soon,
+            on_count_mismatch=self._on_count_mismatch,
         )
         self.registry.register(AdmissionCollector(self.controller))
         gateway = GatewayCollector(lambda: current_load(self.controller, self._engine_snapshot))
@@ -202,6 +203,13 @@ class SidecarApp:
         else:
             why = fallback_reason(self.monitor)  # the reason /status gives, from the same place
             self.log.warning("admission_policy", policy=policy.value, requested=requested.value, why=why)
+
+    def _on_count_mismatch(self, key: tuple[str, str], counted: int, reported: int) -> None:
+        route, model = key
+        self.log.warning(
+            "prompt_count_disagrees", route=route, model=model, counted=counted, vllm=reported,
+            advice="exact counts there no longer refuse: give the sidecar vLLM's tokenizer and chat template",
+        )  # fmt: skip
 
     def _kv_samples(self) -> list[tuple[float, float]]:
         return [(o.at, o.kv_usage) for o in self.monitor.history.observations() if o.kv_usage is not None]

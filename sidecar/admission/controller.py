@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from sidecar.admission.backfill import backfill_entry
 from sidecar.admission.body import RequestFacts
+from sidecar.admission.count_audit import CountAudit
 from sidecar.admission.decide import (
     Action,
     AdmissionConfig,
@@ -82,6 +83,7 @@ class AdmissionController:
         on_policy: Callable[[AdmissionMode, str], None] | None = None,
         max_num_seqs: Callable[[], int | None] = lambda: None,
         scrape_soon: Callable[[float], None] = lambda _delay: None,
+        on_count_mismatch: Callable[[tuple[str, str], int, int], None] | None = None,
     ) -> None:
         self.config, self.detector, self.metrics = config, detector, metrics
         self.queue_settings = queue_settings
@@ -109,6 +111,7 @@ class AdmissionController:
         self._observed = False
         self.draining = False
         self.waits = WaitAdvisor(self)
+        self.audit = CountAudit(on_distrust=on_count_mismatch)
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -203,7 +206,8 @@ class AdmissionController:
         """Admit now, or after waiting; raises :class:`RefusedError` or :class:`DroppedError`."""
         wait_limit = self.queue_settings.wait_limit(facts.wait_limit)
         max_model_len = self._max_model_len()
-        refusal = engine_refusal(facts, max_model_len)
+        trusted = self.audit.trusts((facts.route, facts.model))  # exact counts still agree with vLLM's usage
+        refusal = engine_refusal(facts, max_model_len, counts_trusted=trusted)
         request = admission_request(facts, max_model_len, refusal.reason if refusal else None)
         now, policy = self.now(), self.policy()
         waiter = Waiter(facts, request, self.lane_of(facts), now, self.planner.hashes(facts))
@@ -340,9 +344,10 @@ class AdmissionController:
             counted=ticket.counted, stream_interval=ticket.stream_interval,
         ):  # fmt: skip
             self.metrics.output_sample("stream" if ticket.counted else "usage")
-        if completed and ticket.prompt_usage is not None:  # what its images, audio or video took
+        if completed and ticket.prompt_usage is not None:  # its media's tokens; whether its count was vLLM's
             text = max(ticket.prompts, default=0)
             self.planner.media.learn(key, ticket.media_items, text, ticket.prompt_usage)
+            self.audit.record(key, ticket.audited_prompt, ticket.prompt_usage)
         self.dispatch()
 
     def observe(

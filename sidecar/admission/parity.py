@@ -9,8 +9,9 @@ sends every case to both; the README's table lists them):
 * A prompt of ``max_model_len`` tokens or more: 400; at exactly ``max_model_len`` there is no room
   for one output token ("max_tokens must be at least 1, got 0"), above it "your prompt contains N
   input tokens" (``vllm/entrypoints/renderer.py`` / ``serving_engine.py``, ``_validate_input``).
-  Refused here only when the count is exact (token ids, or the model's tokenizer and template):
-  an estimate never causes a 400. Each prompt of a batch is checked on its own.
+  Refused here only when the count is exact (token ids, or the model's tokenizer and template) and
+  the answers on its route have not shown a count vLLM disagrees with: an estimate never causes a
+  400. Each prompt of a batch is checked on its own.
 * With ``truncate_prompt_tokens`` vLLM truncates a long prompt instead of refusing it: no refusal here.
   ``/v1/responses`` asks for it with ``truncation`` other than ``"disabled"`` (``build_tok_params`` in
   ``entrypoints/openai/responses/protocol.py``): with ``max_output_tokens`` the real 0.32 server serves a
@@ -27,8 +28,14 @@ from sidecar.admission.body import RequestFacts
 from sidecar.admission.outcomes import Reason, RefusedError
 
 
-def engine_refusal(facts: RequestFacts, max_model_len: int | None) -> RefusedError | None:
-    """The 400 vLLM would answer ``facts`` with, or ``None`` when it would serve it."""
+def engine_refusal(
+    facts: RequestFacts, max_model_len: int | None, *, counts_trusted: bool = True
+) -> RefusedError | None:
+    """The 400 vLLM would answer ``facts`` with, or ``None`` when it would serve it.
+
+    ``counts_trusted``: whether exact counts on the request's route still agree with vLLM's usage
+    (:mod:`sidecar.admission.count_audit`); when not, a long prompt is left to vLLM.
+    """
     if max_model_len is None:
         return None
     if facts.max_output_tokens is not None and facts.max_output_tokens > max_model_len:
@@ -38,7 +45,9 @@ def engine_refusal(facts: RequestFacts, max_model_len: int | None) -> RefusedErr
             "request fewer output tokens",
             param="max_tokens",
         )
-    if facts.exact and facts.truncate_prompt_tokens is None:  # with it, vLLM truncates instead of refusing
+    if (
+        facts.exact and counts_trusted and facts.truncate_prompt_tokens is None
+    ):  # with it, vLLM truncates instead of refusing
         for index, prompt in enumerate(facts.prompts):
             if prompt >= max_model_len:
                 which = f"prompt {index} of the batch" if len(facts.prompts) > 1 else "the prompt"

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from sidecar.admission.body import RequestFacts
+from sidecar.admission.count_audit import audited_prompt
 from sidecar.admission.decide import AdmissionRequest
 from sidecar.admission.outcomes import Lane, Reason
 
@@ -45,6 +46,9 @@ class Ticket:
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
     media_items: int = 0  # images, audio, video, prompt embeddings (their tokens learned from ``usage``)
     prompt_usage: int | None = None  # the answer's ``usage.prompt_tokens``, when the proxy could read it
+    audited_prompt: int | None = (
+        None  # the exact count that usage checks (:mod:`sidecar.admission.count_audit`)
+    )
 
     @classmethod
     def of(
@@ -57,6 +61,7 @@ class Ticket:
             holding=holding, sequences=facts.sequences, prompts=facts.prompts, route=facts.route,
             model=facts.model, stream=facts.stream, teaches_output=not facts.ignore_eos,
             stream_interval=facts.stream_interval, media_items=facts.media_items,
+            audited_prompt=audited_prompt(facts),
         )  # fmt: skip
 
 

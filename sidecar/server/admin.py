@@ -78,6 +78,13 @@ def admission_document(controller: AdmissionController, fallback: str | None = N
         "kv_layout": layout_document(controller.planner.pool()),
         "output_bounds": controller.planner.outputs.bounds(),
         "media_token_bounds": controller.planner.media.lengths.bounds(),  # prompt tokens per media item
+        "prompt_count_checks": {  # exact counts against vLLM's usage (count_audit.py)
+            **controller.audit.checks,
+            "distrusted": [
+                {"route": route, "model": model, "counted": counted, "vllm": reported}
+                for (route, model), (counted, reported) in controller.audit.distrusted.items()
+            ],
+        },
         "queue_depth": {lane.value: len(queue) for lane, queue in controller.queues.items()},
         "queued_tokens": {lane.value: queue.tokens for lane, queue in controller.queues.items()},
         "inflight": {lane.value: count for lane, count in controller.inflight.items()},

@@ -186,12 +186,8 @@ class ConnectionMetrics:
     """Connections closed by the sidecar itself, per listening port."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.header_timeouts = _counter(
-            registry,
-            "kv_sidecar_header_timeouts",
-            "Connections closed (408): a head took over --header-timeout.",
-            "port",
-        )
+        doc = "Connections closed (408): a head took over --header-timeout."
+        self.header_timeouts = _counter(registry, "kv_sidecar_header_timeouts", doc, "port")
         for port in ("proxy", "admin"):
             self.header_timeouts.labels(port=port)
 
@@ -241,9 +237,8 @@ class AdmissionMetrics:
             WAIT_BUCKETS,
             "lane",
         )
-        self.transitions = _counter(
-            registry, "kv_sidecar_pressure_transitions", "Pressure state changes, by the state entered.", "to"
-        )
+        doc = "Pressure state changes, by the state entered."
+        self.transitions = _counter(registry, "kv_sidecar_pressure_transitions", doc, "to")
         self.output_samples = _counter(
             registry,
             "kv_sidecar_output_length_samples",
@@ -285,49 +280,51 @@ class AdmissionCollector(Collector):
     def collect(self) -> list[Metric]:
         """The gauges."""
         controller = self._controller
-        depth = GaugeMetricFamily(
-            "kv_sidecar_queue_depth", "Requests waiting in the admission queue.", labels=["lane"]
-        )
-        inflight = GaugeMetricFamily(
-            "kv_sidecar_inflight_requests",
-            "Admitted generation requests whose responses have not ended.",
-            labels=["lane"],
+        depth = _gauge("queue_depth", "Requests waiting in the admission queue.", ("lane",))
+        inflight = _gauge(
+            "inflight_requests", "Admitted generation requests whose responses have not ended.", ("lane",)
         )
         for lane in Lane:
             depth.add_metric([lane.value], float(len(controller.queues[lane])))
             inflight.add_metric([lane.value], float(controller.inflight[lane]))
-        state = GaugeMetricFamily(
-            "kv_sidecar_pressure_state", "1 while admission acts under KV pressure (effective state), else 0."
+        state = _gauge(
+            "pressure_state", "1 while admission acts under KV pressure (effective state), else 0."
         )
         now = controller.now()
         state.add_metric([], 1.0 if controller.pressure_state(now) is PressureState.PRESSURE else 0.0)
-        reserved = GaugeMetricFamily(
-            "kv_sidecar_reserved_kv_tokens",
-            "KV tokens reserved by in-flight requests (token-budget accounting).",
+        reserved = _gauge(
+            "reserved_kv_tokens", "KV tokens reserved by in-flight requests (token-budget accounting)."
         )
         reserved.add_metric([], float(controller.reserved_tokens))
-        policy = GaugeMetricFamily(
-            "kv_sidecar_admission_policy",
+        policy = _gauge(
+            "admission_policy",
             "1 for the admission policy in effect (capacity falls back to lanes while no KV pool is known).",
-            labels=["policy", "requested"],
+            ("policy", "requested"),
         )
         effective = controller.policy()
         for mode in AdmissionMode:
             policy.add_metric([mode.value, controller.config.mode.value], 1.0 if mode is effective else 0.0)
-        blocks = GaugeMetricFamily(
-            "kv_sidecar_kv_blocks",
+        blocks = _gauge(
+            "kv_blocks",
             "Capacity admission's view of the KV pool in blocks: pool, planned (in-flight peaks), "
             "unexplained (in use by the engine beyond the plan).",
-            labels=["kind"],
+            ("kind",),
         )
         for kind, value in controller.planner.block_figures(now).items():
             blocks.add_metric([kind], float(value))
-        cap = GaugeMetricFamily(
-            "kv_sidecar_concurrency_cap",
+        cap = _gauge(
+            "concurrency_cap",
             "Admitted requests allowed at once while under sustained KV pressure (+Inf: no cap).",
         )
         cap.add_metric([], float(controller.concurrency_cap) if controller.concurrency_cap else math.inf)
-        return [depth, inflight, state, reserved, policy, blocks, cap]
+        checks = CounterMetricFamily(
+            "kv_sidecar_prompt_count_checks",
+            "Exact prompt counts checked against vLLM's usage.prompt_tokens, by result: agree, disagree.",
+            labels=["result"],
+        )
+        for result, value in controller.audit.checks.items():
+            checks.add_metric([result], float(value))
+        return [depth, inflight, state, reserved, policy, blocks, cap, checks]
 
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

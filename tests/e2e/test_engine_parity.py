@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from sidecar.admission.body import request_facts
 from sidecar.admission.tokens import load_counter
+from tests.e2e.spikes import admission_status
 from tests.e2e.test_real_vllm import start
 from tests.harness.spike import wait_idle
 from tests.harness.vllm import VllmServer
@@ -174,6 +176,58 @@ async def test_tool_chats_count_as_vllm_renders_them(
     facts = request_facts("/v1/chat/completions", body, counter)
     assert facts.exact
     assert facts.prompts == (payload["usage"]["prompt_tokens"],)
+
+
+async def test_a_template_vllm_does_not_render_stops_refusing_after_one_answer(
+    vllm_server: VllmServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The sidecar told another template than vLLM's (vLLM run with ``--chat-template``, say).
+
+    Its "exact" chat counts run 40-odd tokens above vLLM's, so a chat vLLM serves is refused 400 until an
+    answer's ``usage.prompt_tokens`` disagrees with a count (:mod:`sidecar.admission.count_audit`); from then
+    on the route's exact counts no longer refuse, and the same chat is served.
+    """
+    model = tmp_path / "other-template"
+    shutil.copytree(tiny_model, model)
+    template = (model / "chat_template.jinja").read_text()
+    (model / "chat_template.jinja").write_text(
+        "<|im_start|>system\n" + "be brief " * 20 + "<|im_end|>\n" + template
+    )
+    vllms = load_counter(str(tiny_model))  # renders as vLLM does (the tests above)
+    words = 1
+    while len(vllms.chat_tokens([{"role": "user", "content": "hello " * (words + 1)}]) or []) < 1015:
+        words += 1
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hello " * words}], "max_tokens": 1}
+    served = len(vllms.chat_tokens(chat["messages"]) or [])
+    counted = request_facts("/v1/chat/completions", chat, load_counter(str(model))).prompts[0]
+    assert served < 1024 <= counted  # vLLM serves it; the sidecar's count says it cannot fit
+    await wait_idle(vllm_server.url)
+    app = await start(vllm_server.url, tiny_model, tokenizer_model=str(model))
+    proxy = f"http://127.0.0.1:{app.proxy_port}"
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while app.monitor.request_max_model_len() != 1024:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as session:
+            status, reason, _ = await _post(session, proxy + "/v1/chat/completions", chat)
+            assert (status, reason) == (400, "context-length-exceeded")  # before any answer: trusted
+            short = {**chat, "messages": [{"role": "user", "content": "hi there"}]}
+            status, _, payload = await _post(session, proxy + "/v1/chat/completions", short)
+            assert status == 200
+            status, reason, payload = await _post(session, proxy + "/v1/chat/completions", chat)
+            assert (status, reason) == (200, None), payload
+            assert payload["usage"]["prompt_tokens"] == served
+        checks = (await admission_status(app))["prompt_count_checks"]
+        assert isinstance(checks, dict)
+        assert checks["disagree"] >= 1
+        short_served = len(vllms.chat_tokens(short["messages"]) or [])
+        assert [(d["route"], d["vllm"]) for d in checks["distrusted"]] == [
+            ("/v1/chat/completions", short_served)
+        ]
+    finally:
+        await app.drain()
+        await app.stop()
 
 
 async def test_responses_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model: Path) -> None:
