@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.admission.controller import AdmissionController, QueueSettings
+from sidecar.admission.conversation import EngineChat
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode
 from sidecar.admission.geometry import PoolView
 from sidecar.admission.outputs import OutputSettings
@@ -84,7 +85,7 @@ class RunOptions:
     queue: QueueSettings = field(default_factory=QueueSettings)
     limits: ClientLimits = field(default_factory=ClientLimits)
     tokenizer_model: str | None = None
-    exclude_tools_when_tool_choice_none: bool = False  # vLLM's flag: how a chat's tools are counted
+    chat: EngineChat = field(default_factory=EngineChat)  # how vLLM was told to render chats
     admin_token: str | None = None
     model_retry: float = MODEL_RETRY_SECONDS
 
@@ -165,9 +166,8 @@ class SidecarApp:
         self.proxy_port: int | None = None
 
     def _load_counter(self, model: str | None) -> TokenCounter:
-        """The model's token counter, told how vLLM renders a chat's tools."""
-        exclude = self.options.exclude_tools_when_tool_choice_none
-        return load_counter(model, exclude_tools_when_tool_choice_none=exclude)
+        """The model's token counter, told how vLLM renders chats."""
+        return load_counter(model, self.options.chat)
 
     def _pool(self) -> PoolView | None:
         """The KV pool admission plans against: the engine's blocks, else the prediction's.

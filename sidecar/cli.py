@@ -36,6 +36,7 @@ from sidecar.flags import (
     add_engine_flags,
     choice,
     engine_kind,
+    read_chat_template,
     scrape_interval,
 )
 from sidecar.monitor.diagnose import MonitorSettings
@@ -230,6 +231,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from sidecar.admission.controller import QueueSettings  # noqa: PLC0415 - keeps 'plan' free of server imports
+    from sidecar.admission.conversation import EngineChat  # noqa: PLC0415
     from sidecar.admission.decide import AdmissionConfig  # noqa: PLC0415
     from sidecar.admission.outputs import OutputSettings  # noqa: PLC0415
     from sidecar.admission.pressure import PressureSettings  # noqa: PLC0415
@@ -281,7 +283,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             upstream_timeout=args.upstream_timeout,
         ),
         tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
-        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        chat=EngineChat(
+            template=read_chat_template(args.chat_template) if args.chat_template else None,
+            content_format=args.chat_template_content_format,
+            exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        ),
         admin_token=args.admin_token or None,
         model_retry=args.model_retry,
     )

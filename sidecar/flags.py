@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
+from sidecar.admission.conversation import CONTENT_FORMATS
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode, OnPressure
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureSettings, Staleness
@@ -108,6 +110,22 @@ def scrape_interval(text: str) -> float:
     if value < MIN_SCRAPE_INTERVAL:
         raise UsageError(f"invalid scrape interval {text!r}: the minimum is 50ms")
     return value
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template`` as vLLM 0.32 reads it (``_load_chat_template``): a file's text, else the value.
+
+    The value itself counts as a template when it has a brace or a newline; anything else is a one-line error.
+    """
+    try:
+        return Path(value).read_text()
+    except OSError:
+        if any(char in value for char in "{}\n"):
+            return value
+    raise UsageError(
+        f"--chat-template {value!r} is neither a readable file nor a template (vLLM's built-in template "
+        "names are not known here): give the file vLLM reads"
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -228,6 +246,16 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         default=default_of(OutputSettings, "stream_interval"),
         help="vLLM --stream-interval: above 1, a stream without usage teaches no answer length "
         "(default %(default)s)",
+    )
+    add(
+        "--chat-template",
+        help="vLLM's --chat-template (a file, or the template): chats are counted with it, not the model's",
+    )
+    add(
+        "--chat-template-content-format",
+        type=choice(*CONTENT_FORMATS),
+        default=CONTENT_FORMATS[0],
+        help="vLLM's --chat-template-content-format (default %(default)s)",
     )
     add(
         "--exclude-tools-when-tool-choice-none",

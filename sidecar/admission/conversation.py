@@ -31,7 +31,24 @@ an ``openai``-format text part (``_collect_extra_fields``), which no template kn
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+CONTENT_FORMATS = ("auto", "string", "openai")
+"""vLLM's ``--chat-template-content-format`` (``auto``: told by the template, ``_detect_content_format``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChat:
+    """How vLLM was told to render chats: its flags of these names, which the sidecar is told too."""
+
+    template: str | None = None
+    """``--chat-template``'s text; ``None``: the model's own template."""
+    content_format: str = "auto"
+    """``--chat-template-content-format``: ``auto``, ``string`` or ``openai``."""
+    exclude_tools_when_tool_choice_none: bool = False
+    """``--exclude-tools-when-tool-choice-none``: a ``tool_choice`` of ``"none"`` renders no tools."""
+
 
 BILLING_HEADER = "x-anthropic-billing-header"
 """Claude Code's per-request attribution line, dropped from system text (``_CLAUDE_CODE_BILLING_HEADER``)."""

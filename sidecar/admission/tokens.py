@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sidecar.admission.conversation import CONTINUE_TAG, tagged, template_message, template_tools
+from sidecar.admission.conversation import CONTINUE_TAG, EngineChat, tagged, template_message, template_tools
 from sidecar.errors import ConfigError
 
 BYTES_PER_TOKEN = 4
@@ -208,7 +208,7 @@ class ChatTemplate:
         "mask_token",
     )
 
-    def __init__(self, source: str, config: dict[str, Any]) -> None:
+    def __init__(self, source: str, config: dict[str, Any], content_format: str = "auto") -> None:
         import jinja2.ext  # noqa: PLC0415 - optional dependency (the tokens extra)
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
 
@@ -231,7 +231,8 @@ class ChatTemplate:
         environment.globals["raise_exception"] = raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
         self._template = environment.from_string(source)
-        self.content_format = _content_format(environment.parse(source))
+        detected = _content_format(environment.parse(source))
+        self.content_format = detected if content_format == "auto" else content_format
         self._specials = {
             name: token
             for name in self.SPECIAL_TOKENS
@@ -264,17 +265,21 @@ class ChatTemplate:
         return text[:cut] if text[cut : cut + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:cut].rstrip()
 
     @classmethod
-    def load(cls, directory: Path) -> ChatTemplate | None:
-        """A model directory's template (``chat_template.jinja`` or ``tokenizer_config.json``), if any."""
+    def load(cls, directory: Path, chat: EngineChat | None = None) -> ChatTemplate | None:
+        """The template vLLM renders, if any: ``chat``'s (its ``--chat-template``), else the model's.
+
+        The model's is ``chat_template.jinja`` in ``directory``, else ``tokenizer_config.json``'s.
+        """
+        chat = chat or EngineChat()
         config_path = directory / "tokenizer_config.json"
         try:
             config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         except (OSError, ValueError):
             config = {}
-        source: Any = None
-        if (directory / "chat_template.jinja").is_file():
+        source: Any = chat.template
+        if source is None and (directory / "chat_template.jinja").is_file():
             source = (directory / "chat_template.jinja").read_text()
-        else:
+        elif source is None:
             source = config.get("chat_template")
             if isinstance(source, list):  # named templates: vLLM uses "default"
                 named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
@@ -282,7 +287,7 @@ class ChatTemplate:
         if not isinstance(source, str):
             return None
         try:
-            return cls(source, config)
+            return cls(source, config, chat.content_format)
         except ImportError:
             return None
         except Exception:  # noqa: BLE001 - jinja2 raises many kinds on a template it cannot compile
@@ -300,7 +305,7 @@ class TokenizerCounter:
         template: ChatTemplate | None = None,
         *,
         harmony: bool = False,
-        exclude_tools_when_tool_choice_none: bool = False,
+        chat: EngineChat | None = None,
     ) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
@@ -314,9 +319,7 @@ class TokenizerCounter:
             raise ConfigError(f"cannot load {path}: {exc}") from None
         self._template = template
         self.chats_exact = not harmony  # vLLM renders gpt-oss chats with openai_harmony, not this template
-        self._exclude_tools = (
-            exclude_tools_when_tool_choice_none  # vLLM's --exclude-tools-when-tool-choice-none
-        )
+        self._exclude_tools = (chat or EngineChat()).exclude_tools_when_tool_choice_none
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
@@ -351,11 +354,10 @@ class TokenizerCounter:
         return self.tokens(text, special=special)
 
 
-def load_counter(model: str | None, *, exclude_tools_when_tool_choice_none: bool = False) -> TokenCounter:
+def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCounter:
     """The exact counter when ``model`` is a directory with ``tokenizer.json`` and tokenizers is installed.
 
-    ``exclude_tools_when_tool_choice_none``: vLLM's flag of that name (a ``"none"`` tool choice renders no
-    tools).
+    ``chat``: how vLLM was told to render chats (its template, content format, tools for ``"none"``).
     """
     if model:
         path = Path(model).expanduser()
@@ -370,9 +372,9 @@ def load_counter(model: str | None, *, exclude_tools_when_tool_choice_none: bool
             try:
                 return TokenizerCounter(
                     candidate,
-                    ChatTemplate.load(directory),
+                    ChatTemplate.load(directory, chat),
                     harmony=harmony,
-                    exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none,
+                    chat=chat,
                 )
             except ConfigError:
                 return EstimatingCounter()

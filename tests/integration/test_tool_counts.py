@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.admission.body import request_facts
+from sidecar.admission.conversation import EngineChat
 from tests.fake_vllm import FakeVllm
 from tests.integration.conftest import start_sidecar
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
@@ -40,7 +41,7 @@ async def test_the_flag_reaches_the_proxys_counter(
         fake_vllm.url,
         proxy=True,
         tokenizer_model=str(tool_model),
-        exclude_tools_when_tool_choice_none=excluded,
+        chat=EngineChat(exclude_tools_when_tool_choice_none=excluded),
     )
     try:
         assert running.app.proxy is not None

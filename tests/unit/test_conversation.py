@@ -19,8 +19,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from sidecar.admission.body import request_facts
-from sidecar.admission.conversation import template_message, template_tools
+from sidecar.admission.conversation import EngineChat, template_message, template_tools
 from sidecar.admission.tokens import load_counter
+from sidecar.cli import build_parser
+from sidecar.errors import UsageError
+from sidecar.flags import read_chat_template
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}
@@ -265,7 +268,7 @@ def test_tool_choice_none_renders_no_tools_where_vllm_is_told_so(tmp_path: Path,
         "tool_choice": "none",
     }
     kept = request_facts("/v1/chat/completions", body, load_counter(str(directory)))
-    excluded = load_counter(str(directory), exclude_tools_when_tool_choice_none=True)
+    excluded = load_counter(str(directory), EngineChat(exclude_tools_when_tool_choice_none=True))
     dropped = request_facts("/v1/chat/completions", body, excluded)
     plain = request_facts("/v1/chat/completions", {**body, "tools": None}, excluded)
     assert kept.exact
@@ -285,3 +288,29 @@ def test_a_tool_vllm_refuses_falls_back_to_the_estimate_with_the_tools_text(
     bare = request_facts("/v1/chat/completions", {"messages": messages}, counter)
     assert not facts.exact  # never a 400 on it: vLLM gives its own answer
     assert facts.prompts[0] > bare.prompts[0] + 30
+
+
+def test_the_chat_template_flag_reads_a_file_or_a_template_as_vllm_does(tmp_path: Path) -> None:
+    path = tmp_path / "tool.jinja"
+    path.write_text(TOOL_TEMPLATE)
+    assert read_chat_template(str(path)) == TOOL_TEMPLATE
+    assert read_chat_template("{{ messages }}") == "{{ messages }}"  # braces: the template itself
+    with pytest.raises(UsageError, match="neither a readable file nor a template"):
+        read_chat_template("tool_chat_template_llama3.1_json")  # one of vLLM's built-in names, unknown here
+    args = build_parser().parse_args(
+        ["run", "--upstream", "http://127.0.0.1:8000", "--chat-template", str(path),
+         "--chat-template-content-format", "openai", "--exclude-tools-when-tool-choice-none"]
+    )  # fmt: skip
+    assert (args.chat_template, args.chat_template_content_format) == (str(path), "openai")
+    assert args.exclude_tools_when_tool_choice_none
+
+
+def test_the_template_vllm_is_told_replaces_the_models(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    body = {"messages": [{"role": "user", "content": "the KV cache"}], "add_generation_prompt": False}
+    told = load_counter(
+        str(model_dir), EngineChat(template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    )
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    expected = len(tokenizer.encode("the KV cache", add_special_tokens=False).ids)
+    assert request_facts("/v1/chat/completions", body, told).prompts == (expected,)
+    assert request_facts("/v1/chat/completions", body, load_counter(str(model_dir))).prompts[0] > expected
