@@ -61,6 +61,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                         "extraArgs": ["--enable-chunked-prefill", "--exclude-tools-when-tool-choice-none"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
+    "chat-template": {"vllm": {"chatTemplate": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+                               "chatTemplateContentFormat": "openai"}},
     "vllm-env": {"vllm": {"env": [
         {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "1"},
         {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"},
@@ -165,7 +167,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
                  "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
                  "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
-                 "--speculative-config", "--exclude-tools-when-tool-choice-none"):  # fmt: skip
+                 "--speculative-config", "--exclude-tools-when-tool-choice-none", "--chat-template",
+                 "--chat-template-content-format"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -177,6 +180,24 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
     assert gpus == math.prod(
         int(str(vllm[f"--{kind}-parallel-size"])) for kind in ("tensor", "pipeline", "data")
     )
+
+
+def test_the_chat_template_is_mounted_where_both_containers_are_told_to_read_it() -> None:
+    values = VALUE_SETS["chat-template"]
+    rendered = render(values)
+    pods = containers(rendered)
+    config_map = next(
+        d for d in documents(rendered) if d["metadata"]["name"] == "llm-kv-sidecar-chat-template"
+    )
+    deployment = next(d for d in documents(rendered) if d["kind"] == "Deployment")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["chat-template"]["configMap"]["name"] == config_map["metadata"]["name"]
+    for name in ("vllm", "kv-sidecar"):
+        path = Path(str(flags(pods[name]["args"])["--chat-template"]))
+        mount = next(m for m in pods[name]["volumeMounts"] if m["name"] == "chat-template")
+        assert (str(path.parent), mount["readOnly"]) == (mount["mountPath"], True)
+        assert config_map["data"][path.name] == values["vllm"]["chatTemplate"]
+    assert not any(d["metadata"]["name"].endswith("chat-template") for d in documents(render({})))
 
 
 def test_prometheus_rule_is_the_alerts_file_and_dashboards_are_the_json() -> None:

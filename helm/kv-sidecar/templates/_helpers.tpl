@@ -72,6 +72,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* vLLM's arguments, from the one values block. */}}
+{{/* Where vllm.chatTemplate is mounted in both containers, and its file name there. */}}
+{{- define "kv-sidecar.chatTemplateDir" -}}/etc/kv-sidecar/chat-template{{- end -}}
+{{- define "kv-sidecar.chatTemplateFile" -}}chat_template.jinja{{- end -}}
+
+{{/* vLLM's chat flags, the same in both containers' arguments. */}}
+{{- define "kv-sidecar.chatArgs" -}}
+{{- if .Values.vllm.chatTemplate }}
+- --chat-template
+- {{ printf "%s/%s" (include "kv-sidecar.chatTemplateDir" .) (include "kv-sidecar.chatTemplateFile" .) | quote }}
+{{- end }}
+{{- with .Values.vllm.chatTemplateContentFormat }}
+- --chat-template-content-format
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "kv-sidecar.vllmArgs" -}}
 - --model
 - {{ .Values.model.name | quote }}
@@ -121,6 +137,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ . | quote }}
 {{- end }}
 {{- include "kv-sidecar.memoryArgs" . }}
+{{- include "kv-sidecar.chatArgs" . }}
 {{- if .Values.vllm.enablePrefixCaching }}
 - --enable-prefix-caching
 {{- end }}
@@ -176,6 +193,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ . | quote }}
 {{- end }}
 {{- include "kv-sidecar.memoryArgs" . }}
+{{- include "kv-sidecar.chatArgs" . }}
 {{- /* vLLM flags set through extraArgs that change how the sidecar counts a prompt */}}
 {{- if has "--exclude-tools-when-tool-choice-none" (default (list) .Values.vllm.extraArgs) }}
 - --exclude-tools-when-tool-choice-none
