@@ -314,3 +314,12 @@ def test_the_template_vllm_is_told_replaces_the_models(tmp_path: Path, model_dir
     expected = len(tokenizer.encode("the KV cache", add_special_tokens=False).ids)
     assert request_facts("/v1/chat/completions", body, told).prompts == (expected,)
     assert request_facts("/v1/chat/completions", body, load_counter(str(model_dir))).prompts[0] > expected
+
+
+def test_responses_tools_are_estimated(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    """vLLM flattens Responses tools (namespaces too) into chat tools; not rebuilt here, so never exact."""
+    counter = load_counter(str(_tool_model(tmp_path, model_dir)))
+    tools = [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]
+    facts = request_facts("/v1/responses", {"input": "the KV cache", "tools": tools}, counter)
+    assert not facts.exact
+    assert request_facts("/v1/responses", {"input": "the KV cache"}, counter).exact
