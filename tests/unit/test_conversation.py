@@ -134,69 +134,40 @@ def test_calls_vllm_refuses_are_not_rendered(calls: Any) -> None:
         template_message({"role": "assistant", "content": "", "tool_calls": calls}, "string")
 
 
+def _dumped(tool: dict[str, Any] | None = None, **function: Any) -> list[dict[str, Any]]:
+    """One tool ``w`` as vLLM dumps it, with ``function``'s fields after its three and ``tool``'s after it."""
+    return [{"type": "function", "function": {"name": "w", "description": None, "parameters": None, **function}}
+            | (tool or {})]  # fmt: skip
+
+
+W = [{"type": "function", "function": {"name": "w"}}]
+
+
 @pytest.mark.parametrize(
     ("tools", "tool_choice", "exclude", "dumped"),
     [
         (None, None, False, None),
-        (
-            [{"type": "function", "function": {"name": "w"}}],
-            None,
-            False,
-            [{"type": "function", "function": {"name": "w", "description": None, "parameters": None}}],
-        ),
+        (W, None, False, _dumped()),
         (
             [{"function": {"parameters": {"b": 1, "a": 2}, "name": "w", "x-extra": 1}, "extra": True}],
             "auto",
             False,
-            [
-                {
-                    "type": "function",
-                    "function": {"name": "w", "description": None, "parameters": {"b": 1, "a": 2}},
-                }
-            ],
+            _dumped(parameters={"b": 1, "a": 2}),  # unknown keys dropped, the parameters as given
         ),
         (
             [{"type": "function", "function": {"name": "w", "strict": False}, "defer_loading": True}],
             None,
             False,
-            [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "w",
-                        "description": None,
-                        "parameters": None,
-                        "strict": False,
-                        "defer_loading": True,
-                    },
-                    "defer_loading": True,
-                }
-            ],
+            _dumped({"defer_loading": True}, strict=False, defer_loading=True),  # the tool's, copied down
         ),
         (
             [{"type": "function", "function": {"name": "w", "defer_loading": False}, "defer_loading": True}],
             None,
             False,
-            [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "w",
-                        "description": None,
-                        "parameters": None,
-                        "defer_loading": False,
-                    },
-                    "defer_loading": True,
-                }
-            ],
+            _dumped({"defer_loading": True}, defer_loading=False),  # the function's own wins
         ),
-        ([{"type": "function", "function": {"name": "w"}}], "none", True, None),
-        (
-            [{"type": "function", "function": {"name": "w"}}],
-            "none",
-            False,
-            [{"type": "function", "function": {"name": "w", "description": None, "parameters": None}}],
-        ),
+        (W, "none", True, None),
+        (W, "none", False, _dumped()),  # vLLM's default keeps them
     ],
 )
 def test_tools_are_dumped_as_vllms_request_model_dumps_them(
