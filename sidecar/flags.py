@@ -7,6 +7,7 @@ types; the parsing of single values (sizes, durations, URLs) lives in :mod:`side
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -126,6 +127,19 @@ def read_chat_template(value: str) -> str:
         f"--chat-template {value!r} is neither a readable file nor a template (vLLM's built-in template "
         "names are not known here): give the file vLLM reads"
     )
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``--default-chat-template-kwargs``: a JSON object, as vLLM reads it (``json.loads``)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise UsageError(
+            f"{text!r} is not a JSON object: write it as vLLM takes it, e.g. '{{\"enable_thinking\": false}}'"
+        )
+    return value
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -256,6 +270,11 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         type=choice(*CONTENT_FORMATS),
         default=CONTENT_FORMATS[0],
         help="vLLM's --chat-template-content-format (default %(default)s)",
+    )
+    add(
+        "--default-chat-template-kwargs",
+        type=json_object,
+        help="vLLM's --default-chat-template-kwargs (JSON): template variables a request does not set",
     )
     add(
         "--exclude-tools-when-tool-choice-none",

@@ -20,8 +20,8 @@ template that prints a tool (``tool | tojson``) or a call's arguments prints wha
   ``function`` as ``name``, ``description`` and ``parameters`` (``null`` when absent), ``strict`` and
   ``defer_loading`` only when set; other keys dropped. ``tools`` of ``None``, or ``tool_choice`` ``"none"``
   on a server started with ``--exclude-tools-when-tool-choice-none`` (``online_renderer.py``), renders none.
-* **Variables**: :func:`template_kwargs`; a continued final message is cut where its text ends
-  (:func:`tagged`).
+* **Variables**: :func:`template_kwargs` over the server's ``--default-chat-template-kwargs``
+  (:func:`with_defaults`); a continued final message is cut where its text ends (:func:`tagged`).
 
 What vLLM would refuse (a call that is not an object, a tool without a string name) raises ``ValueError``:
 the counter then falls back to its estimate and vLLM gives its own answer. Not rebuilt: the extra fields of
@@ -31,7 +31,8 @@ an ``openai``-format text part (``_collect_extra_fields``), which no template kn
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 CONTENT_FORMATS = ("auto", "string", "openai")
@@ -48,6 +49,8 @@ class EngineChat:
     """``--chat-template-content-format``: ``auto``, ``string`` or ``openai``."""
     exclude_tools_when_tool_choice_none: bool = False
     """``--exclude-tools-when-tool-choice-none``: a ``tool_choice`` of ``"none"`` renders no tools."""
+    default_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """``--default-chat-template-kwargs``: the template's variables where a request sets none."""
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -200,6 +203,17 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if own["reasoning_effort"] is not None and "enable_thinking" not in user:
         own["enable_thinking"] = own["reasoning_effort"] != "none"
     return user | {key: value for key, value in own.items() if value not in (None, "auto")}
+
+
+def with_defaults(defaults: Mapping[str, Any], variables: dict[str, Any]) -> dict[str, Any]:
+    """``ChatParams.with_defaults`` (``renderers/params.py``): the server's defaults under what a request set.
+
+    Without defaults the request's variables pass as they are; with them, a request's ``None`` or ``"auto"``
+    leaves the default (``merge_kwargs``).
+    """
+    if not defaults:
+        return variables
+    return {**defaults, **{key: value for key, value in variables.items() if value not in (None, "auto")}}
 
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "

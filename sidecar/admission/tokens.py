@@ -34,7 +34,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sidecar.admission.conversation import CONTINUE_TAG, EngineChat, tagged, template_message, template_tools
+from sidecar.admission.conversation import (
+    CONTINUE_TAG,
+    EngineChat,
+    tagged,
+    template_message,
+    template_tools,
+    with_defaults,
+)
 from sidecar.errors import ConfigError
 
 BYTES_PER_TOKEN = 4
@@ -208,7 +215,7 @@ class ChatTemplate:
         "mask_token",
     )
 
-    def __init__(self, source: str, config: dict[str, Any], content_format: str = "auto") -> None:
+    def __init__(self, source: str, config: dict[str, Any], chat: EngineChat | None = None) -> None:
         import jinja2.ext  # noqa: PLC0415 - optional dependency (the tokens extra)
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
 
@@ -231,8 +238,10 @@ class ChatTemplate:
         environment.globals["raise_exception"] = raise_exception
         environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
         self._template = environment.from_string(source)
+        chat = chat or EngineChat()
         detected = _content_format(environment.parse(source))
-        self.content_format = detected if content_format == "auto" else content_format
+        self.content_format = detected if chat.content_format == "auto" else chat.content_format
+        self._defaults = chat.default_template_kwargs
         self._specials = {
             name: token
             for name in self.SPECIAL_TOKENS
@@ -249,7 +258,7 @@ class ChatTemplate:
         leaves it (``render_jinja_template``, ``utils/chat_template_utils.py``): a tag appended to its text
         marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
         """
-        variables = {**(extra or {}), **self._specials}
+        variables = {**with_defaults(self._defaults, extra or {}), **self._specials}
         shaped = [template_message(m, self.content_format) for m in messages]
         continued = bool(variables.get("continue_final_message")) and bool(shaped)
         if continued:
@@ -287,7 +296,7 @@ class ChatTemplate:
         if not isinstance(source, str):
             return None
         try:
-            return cls(source, config, chat.content_format)
+            return cls(source, config, chat)
         except ImportError:
             return None
         except Exception:  # noqa: BLE001 - jinja2 raises many kinds on a template it cannot compile

@@ -62,7 +62,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
     "chat-template": {"vllm": {"chatTemplate": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
-                               "chatTemplateContentFormat": "openai"}},
+                               "chatTemplateContentFormat": "openai",
+                               "defaultChatTemplateKwargs": {"enable_thinking": False}}},
     "vllm-env": {"vllm": {"env": [
         {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "1"},
         {"name": "VLLM_USE_V2_MODEL_RUNNER", "value": "0"},
@@ -168,7 +169,7 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
                  "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
                  "--speculative-config", "--exclude-tools-when-tool-choice-none", "--chat-template",
-                 "--chat-template-content-format"):  # fmt: skip
+                 "--chat-template-content-format", "--default-chat-template-kwargs"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"

@@ -19,11 +19,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from sidecar.admission.body import request_facts
-from sidecar.admission.conversation import EngineChat, template_message, template_tools
+from sidecar.admission.conversation import EngineChat, template_message, template_tools, with_defaults
 from sidecar.admission.tokens import load_counter
 from sidecar.cli import build_parser
 from sidecar.errors import UsageError
-from sidecar.flags import read_chat_template
+from sidecar.flags import json_object, read_chat_template
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}
@@ -270,10 +270,15 @@ def test_the_chat_template_flag_reads_a_file_or_a_template_as_vllm_does(tmp_path
         read_chat_template("tool_chat_template_llama3.1_json")  # one of vLLM's built-in names, unknown here
     args = build_parser().parse_args(
         ["run", "--upstream", "http://127.0.0.1:8000", "--chat-template", str(path),
-         "--chat-template-content-format", "openai", "--exclude-tools-when-tool-choice-none"]
+         "--chat-template-content-format", "openai", "--exclude-tools-when-tool-choice-none",
+         "--default-chat-template-kwargs", '{"enable_thinking": false}']
     )  # fmt: skip
     assert (args.chat_template, args.chat_template_content_format) == (str(path), "openai")
     assert args.exclude_tools_when_tool_choice_none
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    for bad in ("[1]", "enable_thinking=false"):
+        with pytest.raises(UsageError, match="is not a JSON object"):
+            json_object(bad)
 
 
 def test_the_template_vllm_is_told_replaces_the_models(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
@@ -294,3 +299,40 @@ def test_responses_tools_are_estimated(tmp_path: Path, model_dir: Path) -> None:
     facts = request_facts("/v1/responses", {"input": "the KV cache", "tools": tools}, counter)
     assert not facts.exact
     assert request_facts("/v1/responses", {"input": "the KV cache"}, counter).exact
+
+
+@pytest.mark.parametrize(
+    ("defaults", "variables", "merged"),
+    [
+        ({}, {"a": None}, {"a": None}),  # no defaults: the request's variables pass as they are
+        ({"a": 1}, {}, {"a": 1}),
+        ({"a": 1}, {"a": 2}, {"a": 2}),
+        ({"a": 1}, {"a": None}, {"a": 1}),  # None and "auto" leave the default
+        ({"a": 1}, {"a": "auto"}, {"a": 1}),
+        ({"a": 1}, {"a": False, "b": "x"}, {"a": False, "b": "x"}),
+    ],
+)
+def test_server_defaults_sit_under_what_a_request_sets(
+    defaults: dict[str, Any], variables: dict[str, Any], merged: dict[str, Any]
+) -> None:
+    assert with_defaults(defaults, variables) == merged
+
+
+def test_the_server_defaults_reach_the_template(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    template = (
+        "{% if greeting %}{{ greeting }} {% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    counter = load_counter(
+        str(model_dir), EngineChat(template=template, default_template_kwargs={"greeting": "the KV"})
+    )
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "cache"}]}
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+    def tokens(text: str) -> tuple[int]:
+        return (len(tokenizer.encode(text, add_special_tokens=False).ids),)
+
+    assert request_facts("/v1/chat/completions", body, counter).prompts == tokens("the KV cache")
+    unset = {**body, "chat_template_kwargs": {"greeting": None}}
+    assert request_facts("/v1/chat/completions", unset, counter).prompts == tokens("the KV cache")
+    own = {**body, "chat_template_kwargs": {"greeting": "every"}}
+    assert request_facts("/v1/chat/completions", own, counter).prompts == tokens("every cache")
