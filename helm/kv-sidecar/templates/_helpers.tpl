@@ -86,6 +86,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --chat-template-content-format
 - {{ . | quote }}
 {{- end }}
+{{- with .Values.vllm.defaultChatTemplateKwargs }}
+- --default-chat-template-kwargs
+- {{ toJson . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "kv-sidecar.vllmArgs" -}}
