@@ -23,6 +23,10 @@ template that prints a tool (``tool | tojson``) or a call's arguments prints wha
 * **Variables**: :func:`template_kwargs` over the server's ``--default-chat-template-kwargs``
   (:func:`with_defaults`); a continued final message is cut where its text ends (:func:`tagged`).
 
+The same rules stand in 0.33.0 and 0.34.0 (``renderers/chat_utils/chat_message.py``, read in the release
+wheels); releases before 0.32 keep the billing header line. Whatever differs on the engine in front, its
+answers' usage tells (:mod:`sidecar.admission.count_audit`).
+
 What vLLM would refuse (a call that is not an object, a tool without a string name) raises ``ValueError``:
 the counter then falls back to its estimate and vLLM gives its own answer. Not rebuilt: the extra fields of
 an ``openai``-format text part (``_collect_extra_fields``), which no template known here prints.
