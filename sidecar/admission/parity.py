@@ -45,9 +45,8 @@ def engine_refusal(
             "request fewer output tokens",
             param="max_tokens",
         )
-    if (
-        facts.exact and counts_trusted and facts.truncate_prompt_tokens is None
-    ):  # with it, vLLM truncates instead of refusing
+    # with truncate_prompt_tokens vLLM truncates instead of refusing
+    if facts.exact and counts_trusted and facts.truncate_prompt_tokens is None:
         for index, prompt in enumerate(facts.prompts):
             if prompt >= max_model_len:
                 which = f"prompt {index} of the batch" if len(facts.prompts) > 1 else "the prompt"

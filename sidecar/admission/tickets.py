@@ -46,9 +46,7 @@ class Ticket:
     teaches_output: bool = True  # False when the client fixed the answer's length (``ignore_eos``)
     media_items: int = 0  # images, audio, video, prompt embeddings (their tokens learned from ``usage``)
     prompt_usage: int | None = None  # the answer's ``usage.prompt_tokens``, when the proxy could read it
-    audited_prompt: int | None = (
-        None  # the exact count that usage checks (:mod:`sidecar.admission.count_audit`)
-    )
+    audited_prompt: int | None = None  # the exact count the answer's usage checks (count_audit.py)
 
     @classmethod
     def of(
