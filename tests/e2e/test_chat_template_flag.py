@@ -36,11 +36,16 @@ TEMPLATE = (
 )  # prints content whole: a list of parts under the openai format, as Python prints it
 
 
+def _written(factory: pytest.TempPathFactory, name: str, text: str) -> Path:
+    """A template file vLLM is given with ``--chat-template``."""
+    path = factory.mktemp("template") / name
+    path.write_text(text)
+    return path
+
+
 @pytest.fixture(scope="module")
 def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "plain.jinja"
-    path.write_text(TEMPLATE)
-    return path
+    return _written(tmp_path_factory, "plain.jinja", TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +104,7 @@ def qwen3_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [str(ROOT / "scripts/fetch-tokenizer")], capture_output=True, text=True, check=True
     )
     config = json.loads((Path(fetched.stdout.strip()).parent / "tokenizer_config.json").read_text())
-    path = tmp_path_factory.mktemp("qwen3") / "qwen3.jinja"
-    path.write_text(config["chat_template"])
-    return path
+    return _written(tmp_path_factory, "qwen3.jinja", config["chat_template"])
 
 
 @pytest.fixture(scope="module")
