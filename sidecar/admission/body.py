@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
-from sidecar.admission.conversation import template_kwargs
+from sidecar.admission.conversation import content_texts, template_kwargs
 from sidecar.admission.outcomes import Reason, RefusedError
-from sidecar.admission.tokens import TokenCounter, content_texts, media_parts
+from sidecar.admission.tokens import TokenCounter, media_parts
 
 T = TypeVar("T")
 

@@ -62,12 +62,10 @@ BILLING_HEADER = "x-anthropic-billing-header"
 
 
 def _parts(content: Any) -> list[Any]:
-    """A message's content as a list of parts (a string is one text part)."""
-    if content is None:
-        return []
+    """A message's content as a list of parts (a string is one text part; anything but a list, none)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    return list(content) if isinstance(content, list) else [content]
+    return list(content) if isinstance(content, list) else []
 
 
 def _part_text(part: Any) -> str | None:
@@ -77,6 +75,11 @@ def _part_text(part: Any) -> str | None:
     if isinstance(part, dict) and isinstance(part.get("text"), str):
         return str(part["text"])
     return None
+
+
+def content_texts(content: Any) -> list[str]:
+    """The text parts of a chat message's content (a string, or a list of strings and text parts)."""
+    return [text for part in _parts(content) if (text := _part_text(part)) is not None]
 
 
 def _is_text_part(part: Any) -> bool:
@@ -127,7 +130,7 @@ def template_message(message: dict[str, Any], content_format: str) -> dict[str, 
     parts = _parts(message.get("content"))
     if role == "system":
         parts = _without_billing_header(parts)
-    texts = [text for part in parts if (text := _part_text(part)) is not None]
+    texts = content_texts(parts)
     content: Any = (
         [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
     )

@@ -135,21 +135,6 @@ def _special_token(value: Any) -> str | None:
     return None
 
 
-def content_texts(content: Any) -> list[str]:
-    """The text parts of a chat message's content (a string, or a list of strings and text parts)."""
-    if content is None:
-        return []
-    if isinstance(content, str):
-        return [content]
-    texts = []
-    for part in content if isinstance(content, list) else []:
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-    return texts
-
-
 MEDIA_PART_KEYS = frozenset(
     {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds"}
     | {"video_url", "video_embeds", "prompt_embeds"}
