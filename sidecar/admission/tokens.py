@@ -226,7 +226,7 @@ class ChatTemplate:
         chat = chat or EngineChat()
         detected = _content_format(environment.parse(source))
         self.content_format = detected if chat.content_format == "auto" else chat.content_format
-        self._defaults = chat.default_template_kwargs
+        self._chat = chat
         self._specials = {
             name: token
             for name in self.SPECIAL_TOKENS
@@ -234,22 +234,26 @@ class ChatTemplate:
         }
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool,
-        extra: dict[str, Any] | None,
+        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
+        extra: dict[str, Any] | None, tool_choice: Any = None,
     ) -> str:  # fmt: skip
-        """The prompt text vLLM would tokenize.
+        """The prompt text vLLM would tokenize, from the messages, tools and variables as vLLM builds them.
 
         With ``continue_final_message`` (in ``extra``) the final message is left open, as transformers 5.19
         leaves it (``render_jinja_template``, ``utils/chat_template_utils.py``): a tag appended to its text
         marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
         """
-        variables = {**with_defaults(self._defaults, extra or {}), **self._specials}
+        chat = self._chat
+        variables = {**with_defaults(chat.default_template_kwargs, extra or {}), **self._specials}
+        dumped = template_tools(
+            tools, tool_choice, exclude_when_choice_none=chat.exclude_tools_when_tool_choice_none
+        )
         shaped = [template_message(m, self.content_format) for m in messages]
         continued = bool(variables.get("continue_final_message")) and bool(shaped)
         if continued:
             shaped[-1] = tagged(shaped[-1])
         text: str = self._template.render(
-            messages=shaped, tools=tools, add_generation_prompt=add_generation_prompt, **variables
+            messages=shaped, tools=dumped, add_generation_prompt=add_generation_prompt, **variables
         )
         if not continued:
             return text
@@ -293,14 +297,7 @@ class TokenizerCounter:
 
     exact = True
 
-    def __init__(
-        self,
-        path: Path,
-        template: ChatTemplate | None = None,
-        *,
-        harmony: bool = False,
-        chat: EngineChat | None = None,
-    ) -> None:
+    def __init__(self, path: Path, template: ChatTemplate | None = None, *, harmony: bool = False) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -313,7 +310,6 @@ class TokenizerCounter:
             raise ConfigError(f"cannot load {path}: {exc}") from None
         self._template = template
         self.chats_exact = not harmony  # vLLM renders gpt-oss chats with openai_harmony, not this template
-        self._exclude_tools = (chat or EngineChat()).exclude_tools_when_tool_choice_none
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
@@ -341,8 +337,7 @@ class TokenizerCounter:
         if self._template is None:
             return None
         try:
-            dumped = template_tools(tools, tool_choice, exclude_when_choice_none=self._exclude_tools)
-            text = self._template.render(messages, dumped, add_generation_prompt, extra)
+            text = self._template.render(messages, tools, add_generation_prompt, extra, tool_choice)
         except Exception:  # noqa: BLE001 - a template may raise anything on unusual messages
             return None
         return self.tokens(text, special=special)
@@ -368,7 +363,6 @@ def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCoun
                     candidate,
                     ChatTemplate.load(directory, chat),
                     harmony=harmony,
-                    chat=chat,
                 )
             except ConfigError:
                 return EstimatingCounter()
