@@ -38,8 +38,7 @@ BATCH_CHAT_SUFFIX = "/chat/completions/batch"
 """vLLM 0.32's batch route: ``messages`` is a list of conversations, each a prompt of its own."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """vLLM's ``CompletionRequest.max_tokens`` default."""
-MAX_PROMPT_ITEMS = 100_000
-_PYDANTIC_MAX_INT_DIGITS = 4300
+MAX_PROMPT_ITEMS, _PYDANTIC_MAX_INT_DIGITS = 100_000, 4300
 
 
 class _NotCoercibleError(ValueError):
@@ -112,6 +111,7 @@ class RequestFacts:
     stream_interval: int = 1  # vLLM's per-request ``stream_interval`` (chat, completions): tokens per event
     media_items: int = 0  # a chat's images, audio, video; prompt_embeds: their tokens are not in ``prompts``
     cache_salt: str | None = None  # vLLM keys prefix-cache blocks by it: only equal salts share blocks
+    engine_counted: bool = False  # every prompt the sidecar would refuse was counted by vLLM (recount.py)
 
     @property
     def prompt_tokens(self) -> int:

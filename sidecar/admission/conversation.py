@@ -124,6 +124,20 @@ def _tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
     return shaped
 
 
+def reasoning_renamed(message: Any) -> Any:
+    """A message as the chat route's ``_normalize_messages_before`` leaves it: ``reasoning_content`` renamed.
+
+    A client's ``reasoning_content`` becomes its ``reasoning`` unless that is set (0.32.0,
+    ``ChatCompletionRequest``, ``chat_completion/protocol.py``).
+    """
+    if not isinstance(message, dict) or "reasoning_content" not in message:
+        return message
+    renamed = {key: value for key, value in message.items() if key != "reasoning_content"}
+    if message["reasoning_content"] is not None and renamed.get("reasoning") is None:
+        renamed["reasoning"] = message["reasoning_content"]
+    return renamed
+
+
 def template_message(message: dict[str, Any], content_format: str) -> dict[str, Any]:
     """One message as vLLM 0.32 hands it to a template of ``content_format`` (``string`` or ``openai``)."""
     role = message.get("role")

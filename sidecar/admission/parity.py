@@ -9,8 +9,9 @@ sends every case to both; the README's table lists them):
 * A prompt of ``max_model_len`` tokens or more: 400; at exactly ``max_model_len`` there is no room
   for one output token ("max_tokens must be at least 1, got 0"), above it "your prompt contains N
   input tokens" (``vllm/entrypoints/renderer.py`` / ``serving_engine.py``, ``_validate_input``).
-  Refused here only when the count is exact (token ids, or the model's tokenizer and template) and
-  the answers on its route have not shown a count vLLM disagrees with: an estimate never causes a
+  Refused here only on vLLM's own count (``/tokenize``, asked first: :mod:`sidecar.admission.recount`),
+  or on an exact count (token ids, or the model's tokenizer and template) when vLLM could not be asked
+  and the answers on its route have not shown a count vLLM disagrees with: an estimate never causes a
   400. Each prompt of a batch is checked on its own.
 * With ``truncate_prompt_tokens`` vLLM truncates a long prompt instead of refusing it: no refusal here.
   ``/v1/responses`` asks for it with ``truncation`` other than ``"disabled"`` (``build_tok_params`` in
@@ -34,7 +35,8 @@ def engine_refusal(
     """The 400 vLLM would answer ``facts`` with, or ``None`` when it would serve it.
 
     ``counts_trusted``: whether exact counts on the request's route still agree with vLLM's usage
-    (:mod:`sidecar.admission.count_audit`); when not, a long prompt is left to vLLM.
+    (:mod:`sidecar.admission.count_audit`); when not, a long prompt is left to vLLM unless vLLM counted
+    it (``facts.engine_counted``).
     """
     if max_model_len is None:
         return None
@@ -46,7 +48,8 @@ def engine_refusal(
             param="max_tokens",
         )
     # with truncate_prompt_tokens vLLM truncates instead of refusing
-    if facts.exact and counts_trusted and facts.truncate_prompt_tokens is None:
+    counted = facts.engine_counted or (facts.exact and counts_trusted)
+    if counted and facts.truncate_prompt_tokens is None:
         for index, prompt in enumerate(facts.prompts):
             if prompt >= max_model_len:
                 which = f"prompt {index} of the batch" if len(facts.prompts) > 1 else "the prompt"
