@@ -58,6 +58,7 @@ from sidecar.server.metrics import (
     ScrapeMetrics,
 )
 from sidecar.server.proxy import Proxy, ProxySettings
+from sidecar.server.recount_probe import PromptRecounter
 from sidecar.settings import ADMIN_LISTEN, DRAIN_TIMEOUT_SECONDS, LISTEN, ClientLimits
 from sidecar.signals import EngineSnapshot
 
@@ -154,6 +155,7 @@ class SidecarApp:
                 log,
                 engine_retry_after=self._engine_retry_after,
                 gateway_page=self._gateway_page,
+                recounter=PromptRecounter(options.chat, self.controller.audit, self.monitor),
             )
         self._client: httpx.AsyncClient | None = None
         self._scraper: EngineScraper | None = None
@@ -208,7 +210,7 @@ class SidecarApp:
         route, model = key
         self.log.warning(
             "prompt_count_disagrees", route=route, model=model, counted=counted, vllm=reported,
-            advice="exact counts there no longer refuse: give the sidecar vLLM's tokenizer and chat template",
+            advice="give the sidecar vLLM's tokenizer and chat template (until then vLLM's counts refuse)",
         )  # fmt: skip
 
     def _kv_samples(self) -> list[tuple[float, float]]:

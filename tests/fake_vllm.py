@@ -92,6 +92,10 @@ class FakeVllmState:
     last_headers: dict[str, str] = field(default_factory=dict)
     last_body: dict[str, object] = field(default_factory=dict)
     last_path: str = ""
+    tokenize_count: int | None = (
+        None  # what POST /tokenize answers as ``count``; None: 404, as an engine without it
+    )
+    tokenize_bodies: list[dict[str, object]] = field(default_factory=list)
 
     def set_kv_usage(self, value: float) -> None:
         """Serve the current page with ``vllm:kv_cache_usage_perc`` = ``value``."""
@@ -189,6 +193,15 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 -
             {"method": request.method, "path": request.path, "bytes": len(data)}, status=200
         )
 
+    async def tokenize(request: web.Request) -> web.Response:
+        state.tokenize_bodies.append(await request.json())
+        state.last_headers = dict(request.headers)
+        if state.tokenize_count is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.json_response(
+            {"count": state.tokenize_count, "max_model_len": state.max_model_len, "tokens": []}
+        )
+
     async def version(_: web.Request) -> web.Response:
         return web.json_response({"version": "0.32.0"})  # what the recorded pages' server answers
 
@@ -200,6 +213,7 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 -
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     return app
 

@@ -17,6 +17,12 @@ on a route and model ends the trust in exact counts there: from then on they no 
 its own answer, as for an estimate), until the sidecar restarts with the engine it fronts. The counts
 still plan admission, a few tokens off. The checks are counted by result (``kv_sidecar_prompt_count_checks``)
 and the first disagreement per route and model is logged once with both numbers.
+
+A prompt the sidecar would refuse as too long is counted by vLLM first where it can be
+(:mod:`sidecar.admission.recount`): that count is checked here like an answer's usage, and what came of
+each recount is tallied (``kv_sidecar_prompt_recounts``): ``refused`` (vLLM's count is too long as well),
+``served`` (vLLM's count fits: the sidecar's would have refused what vLLM serves), ``unanswered`` (vLLM
+gave no count in time, or too many recounts were in flight: judged on the sidecar's count as before).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from sidecar.admission.body import RequestFacts
 
 Key = tuple[str, str]
 """A route and a model."""
+RECOUNT_RESULTS = ("refused", "served", "unanswered")
 
 
 def audited_prompt(facts: RequestFacts) -> int | None:
@@ -51,6 +58,8 @@ class CountAudit:
     checks: dict[str, int] = field(default_factory=lambda: {"agree": 0, "disagree": 0})
     distrusted: dict[Key, tuple[int, int]] = field(default_factory=dict)
     """Each key whose counts disagreed: its first count and vLLM's."""
+    recounts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RECOUNT_RESULTS, 0))
+    """What came of the prompts vLLM was asked to count before a refusal, by result (module docstring)."""
 
     def trusts(self, key: Key) -> bool:
         """Whether exact counts on ``key`` may refuse a request."""

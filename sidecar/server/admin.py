@@ -78,8 +78,9 @@ def admission_document(controller: AdmissionController, fallback: str | None = N
         "kv_layout": layout_document(controller.planner.pool()),
         "output_bounds": controller.planner.outputs.bounds(),
         "media_token_bounds": controller.planner.media.lengths.bounds(),  # prompt tokens per media item
-        "prompt_count_checks": {  # exact counts against vLLM's usage (count_audit.py)
+        "prompt_count_checks": {  # exact counts against vLLM's usage and /tokenize (count_audit.py)
             **controller.audit.checks,
+            "recounts": controller.audit.recounts,  # too-long prompts counted by vLLM first (recount.py)
             "distrusted": [
                 {"route": route, "model": model, "counted": counted, "vllm": reported}
                 for (route, model), (counted, reported) in controller.audit.distrusted.items()

@@ -317,14 +317,17 @@ class AdmissionCollector(Collector):
             "Admitted requests allowed at once while under sustained KV pressure (+Inf: no cap).",
         )
         cap.add_metric([], float(controller.concurrency_cap) if controller.concurrency_cap else math.inf)
-        checks = CounterMetricFamily(
-            "kv_sidecar_prompt_count_checks",
-            "Exact prompt counts checked against vLLM's usage.prompt_tokens, by result: agree, disagree.",
-            labels=["result"],
-        )
-        for result, value in controller.audit.checks.items():
-            checks.add_metric([result], float(value))
-        return [depth, inflight, state, reserved, policy, blocks, cap, checks]
+        audit = controller.audit
+        checks = _by_result("prompt_count_checks", "Exact prompt counts checked by vLLM's.", audit.checks)
+        recounts = _by_result("prompt_recounts", "Too-long prompts counted again by vLLM.", audit.recounts)
+        return [depth, inflight, state, reserved, policy, blocks, cap, checks, recounts]
+
+
+def _by_result(name: str, documentation: str, counts: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"kv_sidecar_{name}", documentation, labels=["result"])
+    for result, value in counts.items():
+        family.add_metric([result], float(value))
+    return family
 
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -37,6 +37,7 @@ from sidecar.server.gateway import GatewayPage
 from sidecar.server.lifecycle import Lifecycle
 from sidecar.server.media_probe import teach_media_tokens
 from sidecar.server.metrics import ProxyMetrics
+from sidecar.server.recount_probe import PromptRecounter
 from sidecar.server.wire import AnswerLength, error_response, forward_headers, response_headers, tenant_of
 from sidecar.settings import ClientLimits
 from sidecar.units import MIB, parse_duration
@@ -104,11 +105,12 @@ class Proxy:
         *,
         engine_retry_after: Callable[[], int],
         gateway_page: GatewayPage | None = None,
+        recounter: PromptRecounter | None = None,
     ) -> None:
         self.settings, self.controller, self.counter = settings, controller, counter
         self.metrics, self.lifecycle, self.log = metrics, lifecycle, log
         self._engine_retry_after = engine_retry_after
-        self._gateway_page = gateway_page
+        self._gateway_page, self.recounter = gateway_page, recounter
         self._base = settings.upstream.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self.open_requests = 0
@@ -159,10 +161,7 @@ class Proxy:
                 Reason.HEADERS_TOO_LARGE,
                 f"request headers take {header_bytes} bytes; at most {limit} are allowed",
             )
-        if (
-            request.content_length is not None
-            and request.content_length > self.settings.limits.max_body_bytes
-        ):
+        if (length := request.content_length) is not None and length > self.settings.limits.max_body_bytes:
             return RefusedError(
                 Reason.BODY_TOO_LARGE, f"the request body exceeds {self.settings.limits.max_body_bytes} bytes"
             )
@@ -257,25 +256,25 @@ class Proxy:
                 self.controller.release(ticket)
 
     async def _facts(self, request: web.Request, body: bytes) -> RequestFacts:
-        """Everything admission needs, in one value: the body, then the tenant, priority and wait limit.
-
-        Large bodies are decoded and counted in a worker thread, so the event loop never waits on them.
-        """
+        """Admission's facts from body (in a thread if large) and headers; vLLM recounts too-long prompts."""
         path, header_priority = request.path, self._header_priority(request)
-        tenant, wait_limit = tenant_of(request, self.settings.limits.tenant_header), self._wait_limit(request)
+        tenant, limit = tenant_of(request, self.settings.limits.tenant_header), self._wait_limit(request)
         priority = header_priority if isinstance(header_priority, int) else None
 
         def facts_of() -> RequestFacts:
             decoded = decode_json_body(body)
             return request_facts(
-                path, decoded, self.counter, tenant=tenant, priority=priority, wait_limit=wait_limit
+                path, decoded, self.counter, tenant=tenant, priority=priority, wait_limit=limit
             )
 
         threshold = OFFLOAD_EXACT_BODY_BYTES if self.counter.exact else OFFLOAD_BODY_BYTES
         facts = facts_of() if len(body) < threshold else await asyncio.to_thread(facts_of)
         if isinstance(header_priority, RefusedError):  # after the body's own refusals, as before
             raise header_priority
-        return facts
+        if self.recounter is None:
+            return facts
+        exact, session = self.counter.chats_exact, self._session
+        return await self.recounter.recount(session, self._base, request, body, facts, chats_exact=exact)
 
     async def _forward_whole(
         self, request: web.Request, upstream: aiohttp.ClientResponse, ticket: Ticket | None, *, lane: str,

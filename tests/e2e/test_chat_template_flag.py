@@ -21,6 +21,7 @@ import pytest
 
 from sidecar.admission.body import request_facts
 from sidecar.admission.conversation import EngineChat
+from sidecar.admission.recount import tokenize_bodies
 from sidecar.admission.tokens import load_counter
 from sidecar.flags import read_chat_template
 from tests.e2e.conftest import serve
@@ -160,3 +161,48 @@ async def test_a_real_tool_calling_template_counts_as_vllm_renders_it(
             if not facts.exact or facts.prompts != (served,):
                 disagree.append((name, facts.prompts, served))
     assert not disagree
+
+
+RECOUNTED_CHATS: dict[str, dict[str, Any]] = {
+    **QWEN3_CHATS,
+    "reasoning effort none (thinking off)": {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none"},
+    "reasoning effort none, the client's enable_thinking kept": {
+        "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none",
+        "chat_template_kwargs": {"enable_thinking": True},
+    },
+    "documents and no generation prompt": {
+        "messages": [{"role": "user", "content": "q"}], "documents": [{"title": "t", "text": "x"}],
+        "add_generation_prompt": False,
+    },
+    "a continued answer": {
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The blocks"}],
+        "continue_final_message": True, "add_generation_prompt": False,
+    },
+}  # fmt: skip
+
+
+async def test_vllms_tokenize_counts_a_chat_as_its_chat_route_builds_it(
+    qwen3_server: VllmServer, tiny_model: Path
+) -> None:
+    """What the sidecar sends ``/tokenize`` before a refusal for length (``recount.py``) counts what the chat
+    route serves; the chat's own body sent there would not where the chat route adds template variables."""
+    disagree, raw_disagree = [], []
+    async with aiohttp.ClientSession() as session:
+        for name, chat in RECOUNTED_CHATS.items():
+            body = {"model": "tiny", "max_tokens": 1, **chat}
+            async with session.post(qwen3_server.url + "/v1/chat/completions", json=body) as response:
+                assert response.status == 200, name
+                served = (await response.json())["usage"]["prompt_tokens"]
+            asks = tokenize_bodies("/v1/chat/completions", body, EngineChat(), (0,))
+            assert asks is not None
+            for ask, record in ((asks[0], disagree), (body, raw_disagree)):
+                async with session.post(qwen3_server.url + "/tokenize", json=ask) as response:
+                    assert response.status == 200, name
+                    count = (await response.json())["count"]
+                if count != served:
+                    record.append((name, count, served))
+    assert not disagree
+    assert {name for name, _, _ in raw_disagree} == {  # what the chat route does that /tokenize does not:
+        "reasoning effort none (thinking off)",  # thinking turned off for it (build_chat_params)
+        "reasoning_content",  # renamed reasoning, which the template prints (_normalize_messages_before)
+    }

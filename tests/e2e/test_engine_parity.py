@@ -178,14 +178,15 @@ async def test_tool_chats_count_as_vllm_renders_them(
     assert facts.prompts == (payload["usage"]["prompt_tokens"],)
 
 
-async def test_a_template_vllm_does_not_render_stops_refusing_after_one_answer(
+async def test_a_template_vllm_does_not_render_never_refuses_what_vllm_serves(
     vllm_server: VllmServer, tiny_model: Path, tmp_path: Path
 ) -> None:
     """The sidecar told another template than vLLM's (vLLM run with ``--chat-template``, say).
 
-    Its "exact" chat counts run 40-odd tokens above vLLM's, so a chat vLLM serves is refused 400 until an
-    answer's ``usage.prompt_tokens`` disagrees with a count (:mod:`sidecar.admission.count_audit`); from then
-    on the route's exact counts no longer refuse, and the same chat is served.
+    Its "exact" chat counts run 40-odd tokens above vLLM's. Before a refusal for length it asks vLLM's
+    ``/tokenize`` (:mod:`sidecar.admission.recount`): a chat vLLM serves is served from the first request (it
+    was refused 400 until an answer's usage disagreed), and one vLLM counts too long is refused on vLLM's
+    count without reaching the engine. The disagreement ends the route's trust in the sidecar's own counts.
     """
     model = tmp_path / "other-template"
     shutil.copytree(tiny_model, model)
@@ -193,14 +194,20 @@ async def test_a_template_vllm_does_not_render_stops_refusing_after_one_answer(
     (model / "chat_template.jinja").write_text(
         "<|im_start|>system\n" + "be brief " * 20 + "<|im_end|>\n" + template
     )
-    vllms = load_counter(str(tiny_model))  # renders as vLLM does (the tests above)
-    words = 1
-    while len(vllms.chat_tokens([{"role": "user", "content": "hello " * (words + 1)}]) or []) < 1015:
-        words += 1
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hello " * words}], "max_tokens": 1}
-    served = len(vllms.chat_tokens(chat["messages"]) or [])
-    counted = request_facts("/v1/chat/completions", chat, load_counter(str(model))).prompts[0]
-    assert served < 1024 <= counted  # vLLM serves it; the sidecar's count says it cannot fit
+    vllms, sidecars = load_counter(str(tiny_model)), load_counter(str(model))  # vLLM's template, another
+
+    def chat(words: int) -> tuple[dict[str, Any], int, int]:
+        """A chat of ``words`` words: its body, vLLM's count and the sidecar's."""
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello " * words}]
+        body = {"model": "tiny", "messages": messages, "max_tokens": 1}
+        served = len(vllms.chat_tokens(messages) or [])
+        return body, served, request_facts("/v1/chat/completions", body, sidecars).prompts[0]
+
+    words = next(w for w in range(1, 2000) if chat(w + 1)[1] >= 1015)  # the longest chat below 1,015
+    fits, served, counted = chat(words)
+    assert served < 1024 <= counted  # vLLM serves it; the sidecar's own count says it cannot fit
+    too_long, too_long_served, _ = chat(words + 20)
+    assert too_long_served >= 1024
     await wait_idle(vllm_server.url)
     app = await start(vllm_server.url, tiny_model, tokenizer_model=str(model))
     proxy = f"http://127.0.0.1:{app.proxy_port}"
@@ -210,20 +217,18 @@ async def test_a_template_vllm_does_not_render_stops_refusing_after_one_answer(
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.05)
         async with aiohttp.ClientSession() as session:
-            status, reason, _ = await _post(session, proxy + "/v1/chat/completions", chat)
-            assert (status, reason) == (400, "context-length-exceeded")  # before any answer: trusted
-            short = {**chat, "messages": [{"role": "user", "content": "hi there"}]}
-            status, _, payload = await _post(session, proxy + "/v1/chat/completions", short)
-            assert status == 200
-            status, reason, payload = await _post(session, proxy + "/v1/chat/completions", chat)
-            assert (status, reason) == (200, None), payload
+            status, reason, payload = await _post(session, proxy + "/v1/chat/completions", fits)
+            assert (status, reason) == (200, None), payload  # the first request: vLLM's count decided
             assert payload["usage"]["prompt_tokens"] == served
+            status, reason, payload = await _post(session, proxy + "/v1/chat/completions", too_long)
+            assert (status, reason) == (400, "context-length-exceeded")  # answered here, not by vLLM
+            assert f"has {too_long_served}" in payload["error"]["message"]  # vLLM's count
         checks = (await admission_status(app))["prompt_count_checks"]
         assert isinstance(checks, dict)
+        assert checks["recounts"] == {"refused": 1, "served": 1, "unanswered": 0}
         assert checks["disagree"] >= 1
-        short_served = len(vllms.chat_tokens(short["messages"]) or [])
-        assert [(d["route"], d["vllm"]) for d in checks["distrusted"]] == [
-            ("/v1/chat/completions", short_served)
+        assert [(d["route"], d["counted"], d["vllm"]) for d in checks["distrusted"]] == [
+            ("/v1/chat/completions", counted, served)
         ]
     finally:
         await app.drain()

@@ -1,0 +1,76 @@
+"""The running sidecar asks vLLM's ``/tokenize`` to count a prompt it would refuse as too long, and obeys it.
+
+A local fake stands in for vLLM here (the real server's counts: ``tests/e2e/test_engine_parity.py``). The
+sidecar estimates text prompts without a tokenizer: 1,100 words are far over the fake's 1,024-token context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.fake_vllm import FakeVllm
+from tests.integration.conftest import RunningSidecar, start_sidecar
+from tests.integration.test_proxy import (  # noqa: F401 - the autouse fixtures apply here too
+    _max_model_len_known,
+    calm_engine,
+    eventually,
+    every_request_is_accounted_for,
+    post,
+    status,
+)
+
+LONG_TEXT = "hello " * 1100
+
+
+async def _recounts(sidecar: RunningSidecar) -> dict[str, Any]:
+    return (await status(sidecar))["admission"]["prompt_count_checks"]["recounts"]  # type: ignore[no-any-return]
+
+
+async def test_a_prompt_vllm_counts_short_enough_is_served(fake_vllm: FakeVllm) -> None:
+    fake_vllm.state.tokenize_count = 1000
+    running = await start_sidecar(fake_vllm.url, proxy=True)
+    try:
+        await eventually(lambda: _max_model_len_known(running))
+        code, _, _ = await post(running.proxy, LONG_TEXT, add_special_tokens=False)
+        assert code == 200
+        assert fake_vllm.state.generation_requests == 1
+        assert fake_vllm.state.tokenize_bodies == [
+            {"model": "tiny", "add_special_tokens": False, "prompt": LONG_TEXT}
+        ]
+        assert await _recounts(running) == {"refused": 0, "served": 1, "unanswered": 0}
+        page = (await running.get("/metrics")).text
+        assert 'kv_sidecar_prompt_recounts_total{result="served"} 1.0' in page
+    finally:
+        await running.app.stop()
+
+
+async def test_a_prompt_vllm_counts_too_long_is_refused_without_reaching_the_engine(
+    fake_vllm: FakeVllm,
+) -> None:
+    fake_vllm.state.tokenize_count = 1100
+    running = await start_sidecar(fake_vllm.url, proxy=True)
+    try:
+        await eventually(lambda: _max_model_len_known(running))
+        code, headers, body = await post(running.proxy, LONG_TEXT, headers={"Authorization": "Bearer k"})
+        assert (code, headers["X-KV-Sidecar-Reason"]) == (400, "context-length-exceeded")
+        assert "has 1100" in body["error"]["message"]  # vLLM's count; the estimate alone never refuses
+        assert fake_vllm.state.generation_requests == 0
+        assert fake_vllm.state.last_headers["Authorization"] == "Bearer k"  # the client's credentials
+        assert await _recounts(running) == {"refused": 1, "served": 0, "unanswered": 0}
+        code, _, _ = await post(running.proxy, "short")
+        assert code == 200
+        assert len(fake_vllm.state.tokenize_bodies) == 1  # a prompt that fits is not asked about
+    finally:
+        await running.app.stop()
+
+
+async def test_without_an_answer_the_estimate_is_forwarded_as_before(fake_vllm: FakeVllm) -> None:
+    running = await start_sidecar(fake_vllm.url, proxy=True)  # the fake's /tokenize answers 404
+    try:
+        await eventually(lambda: _max_model_len_known(running))
+        code, _, _ = await post(running.proxy, LONG_TEXT)
+        assert code == 200  # vLLM gives its own answer to what the sidecar only estimates
+        assert fake_vllm.state.generation_requests == 1
+        assert await _recounts(running) == {"refused": 0, "served": 0, "unanswered": 1}
+    finally:
+        await running.app.stop()
