@@ -54,21 +54,37 @@ class SignalHistory:
         """The kept observations, oldest first."""
         return list(self._items)
 
+    def _since(self, start: float) -> list[Observation]:
+        """The observations at or after ``start``, oldest first, read from the newest end.
+
+        A question about the last minute reads that minute, not the whole window (ten minutes of scrapes,
+        several thousand under load, on every scrape).
+        """
+        recent = list(itertools.takewhile(lambda o: o.at >= start, reversed(self._items)))
+        recent.reverse()
+        return recent
+
+    def _last_before(self, start: float, value: Callable[[Observation], float | None]) -> float | None:
+        """``value`` of the newest observation before ``start`` that has one."""
+        older = itertools.dropwhile(lambda o: o.at >= start, reversed(self._items))
+        return next((v for o in older if (v := value(o)) is not None), None)
+
     def sustained(self, now: float, duration: float, condition: Callable[[Observation], bool]) -> bool:
         """Whether ``condition`` held on every observation of the last ``duration`` seconds."""
         if not self._items or now - self._items[0].at < duration:
             return False
         start = now - duration
-        recent = [o for o in self._items if o.at >= start]
-        anchor = [o for o in self._items if o.at < start][-1:]  # the value in force when the interval began
-        return bool(recent or anchor) and all(condition(o) for o in anchor + recent)
+        recent = self._since(start)
+        older = len(self._items) - len(recent)
+        anchor = [self._items[older - 1]] if older else []  # the value in force when the interval began
+        return bool(recent or anchor) and all(condition(o) for o in [*anchor, *recent])
 
     def increase(self, now: float, duration: float, value: Callable[[Observation], float | None]) -> float:
         """How much a counter grew over the last ``duration`` seconds (resets count from zero)."""
         start = now - duration
-        points = [v for o in self._items if o.at >= start and (v := value(o)) is not None]
-        before = [v for o in self._items if o.at < start and (v := value(o)) is not None][-1:]
-        series = before + points
+        points = [v for o in self._since(start) if (v := value(o)) is not None]
+        before = self._last_before(start, value)
+        series = ([] if before is None else [before]) + points
         growth = 0.0
         for previous, current in itertools.pairwise(series):
             growth += current - previous if current >= previous else current
