@@ -87,8 +87,7 @@ def tokenize_bodies(
     if not all(isinstance(messages, list) for messages in asked.values()):
         return None
     common = {key: body[key] for key in CHAT_FIELDS if body.get(key) is not None}
-    variables = {key: value for key, value in template_kwargs(body).items() if value is not None}
-    if variables:
+    if variables := template_kwargs(body):  # a null stays null, as the chat route passes it
         common["chat_template_kwargs"] = variables
     excluded = chat.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none"
     if body.get("tools") is not None and not excluded:

@@ -30,7 +30,7 @@ PROBE_TIMEOUT_SECONDS = 2.0
 async def count_prompt(
     session: aiohttp.ClientSession, base: str, body: bytes, auth: str | None
 ) -> int | None:
-    """The count vLLM's ``/tokenize`` gives a chat ``body``, or ``None`` when it gives none."""
+    """The count vLLM's ``/tokenize`` gives ``body`` (a chat or a text prompt), or ``None`` without one."""
     headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
     try:
         async with (

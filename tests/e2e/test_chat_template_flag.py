@@ -96,6 +96,10 @@ async def test_counts_follow_the_template_and_format_vllm_is_told(
             assert facts.exact
             assert facts.prompts == (served,), body
             assert request_facts("/v1/chat/completions", body, untold).prompts != (served,)
+            asks = tokenize_bodies("/v1/chat/completions", body, EngineChat(), (0,))  # as recount.py asks
+            assert asks is not None
+            async with session.post(templated_server.url + "/tokenize", json=asks[0]) as response:
+                assert (await response.json())["count"] == served, body
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,11 @@ TOOLS = [{"type": "function", "function": {"name": "f"}}]
                 "enable_thinking": True}},
         ),
         ({"messages": [], "tools": TOOLS}, EngineChat(), {"messages": [], "tools": TOOLS}),
+        (  # a null stays null: the chat route passes it, and the server's default fills it in both
+            {"messages": [], "chat_template_kwargs": {"greeting": None}},
+            EngineChat(),
+            {"messages": [], "chat_template_kwargs": {"greeting": None}},
+        ),
         (  # the chat route renames a client's reasoning_content; /tokenize would drop it
             {"messages": [{"role": "assistant", "content": "b", "reasoning_content": "x"},
                           {"role": "assistant", "content": "c", "reasoning": "y", "reasoning_content": "z"}]},
