@@ -33,6 +33,7 @@ class ClientLimits:
     body_timeout: float = 30.0
     header_timeout: float = 10.0  # a head is at most 8 KiB: real clients send it in well under this
     connect_timeout: float = 5.0
+    upstream_keepalive: float = 4.0  # idle engine connections closed before vLLM's uvicorn closes them (5 s)
     upstream_timeout: float = 900.0  # longest silence from the engine: before its answer, or between chunks
     tenant_header: str = "X-Tenant-Id"
     priority_header: str = "X-KV-Sidecar-Priority"
@@ -45,6 +46,7 @@ class ClientLimits:
             "body_timeout",
             "header_timeout",
             "upstream_timeout",
+            "upstream_keepalive",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -116,13 +116,12 @@ class Proxy:
         self.open_requests = 0
 
     async def start(self) -> None:
-        """Open the shared upstream session."""
+        """Open the shared upstream session (idle connections dropped before the engine drops them)."""
+        limits = self.settings.limits
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=limits.upstream_keepalive),
             timeout=aiohttp.ClientTimeout(
-                total=None,
-                connect=self.settings.limits.connect_timeout,
-                sock_read=self.settings.limits.upstream_timeout,
+                total=None, connect=limits.connect_timeout, sock_read=limits.upstream_timeout
             ),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
