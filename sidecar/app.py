@@ -207,9 +207,8 @@ class SidecarApp:
             self.log.warning("admission_policy", policy=policy.value, requested=requested.value, why=why)
 
     def _on_count_mismatch(self, key: tuple[str, str], counted: int, reported: int) -> None:
-        route, model = key
         self.log.warning(
-            "prompt_count_disagrees", route=route, model=model, counted=counted, vllm=reported,
+            "prompt_count_disagrees", route=key[0], model=key[1], counted=counted, vllm=reported,
             advice="give the sidecar vLLM's tokenizer and chat template (until then vLLM's counts refuse)",
         )  # fmt: skip
 
@@ -292,7 +291,8 @@ class SidecarApp:
 
     async def start(self) -> None:
         """Bind the admin (and proxy) ports, then start scraping."""
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4))
+        keepalive = self.options.limits.upstream_keepalive  # below the engine's own, as for the proxy
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=4, keepalive_expiry=keepalive))
         self._scraper = EngineScraper(
             self._client, self.options.upstream, self.monitor, self.scrape_metrics,
             settings=self.options.scrape,

@@ -18,30 +18,41 @@ import time
 
 import aiohttp
 
-from sidecar.settings import ClientLimits
+from sidecar.settings import ClientLimits, ScrapeSettings
 from tests.integration.conftest import start_sidecar
 
 ENGINE_KEEPALIVE = 0.4
 
 
+async def _head(reader: asyncio.StreamReader) -> bytes:
+    """The next request's head, or nothing once the client has closed the connection."""
+    try:
+        return await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return b""
+
+
 async def _engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """HTTP/1.1 keep-alive; a request on a connection idle longer than ENGINE_KEEPALIVE is reset."""
     last = time.monotonic()
-    while head := await reader.readuntil(b"\r\n\r\n") if not reader.at_eof() else b"":
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
-        await reader.readexactly(length)
-        if time.monotonic() - last > ENGINE_KEEPALIVE:
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()  # RST: what a client sees when the engine closed first
-            return
-        body = b'{"object": "list", "data": []}'
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
-            + body
-        )
-        await writer.drain()
-        last = time.monotonic()
+    try:
+        while head := await _head(reader):
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+            await reader.readexactly(length)
+            if time.monotonic() - last > ENGINE_KEEPALIVE:
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()  # RST: what a client sees when the engine closed first
+                return
+            body = b'{"object": "list", "data": []}'
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(
+                body
+            )
+            writer.write(head + body)
+            await writer.drain()
+            last = time.monotonic()
+    finally:
+        writer.close()
 
 
 async def test_an_idle_engine_connection_is_not_reused_past_the_keepalive() -> None:
@@ -55,6 +66,26 @@ async def test_an_idle_engine_connection_is_not_reused_past_the_keepalive() -> N
                 async with session.post(running.proxy + "/tokenize", json={"prompt": "x"}) as response:
                     assert response.status == 200, await response.text()
                 await asyncio.sleep(ENGINE_KEEPALIVE * 1.5)
+    finally:
+        await running.app.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_scraper_does_not_reuse_an_engine_connection_past_the_keepalive() -> None:
+    """The scraper's own client follows the same limit (httpx kept idle connections 5 s, vLLM's own figure)."""
+    server = await asyncio.start_server(_engine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limits = ClientLimits(upstream_keepalive=ENGINE_KEEPALIVE / 2)
+    scrape = ScrapeSettings(
+        interval=ENGINE_KEEPALIVE * 1.5, calm_interval=ENGINE_KEEPALIVE * 1.5, timeout=0.5
+    )
+    running = await start_sidecar(f"http://127.0.0.1:{port}", limits=limits, scrape=scrape)
+    try:
+        await asyncio.sleep(ENGINE_KEEPALIVE * 6)  # four or five scrapes, each after an idle spell
+        assert await running.metric("kv_sidecar_scrape_errors_total", reason="connect") in (None, 0.0)
+        scrapes = await running.metric("kv_sidecar_scrape_duration_seconds_count", page="full")
+        assert (scrapes or 0) >= 3
     finally:
         await running.app.stop()
         server.close()
