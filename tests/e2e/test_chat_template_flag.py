@@ -77,6 +77,13 @@ VARIABLES: list[dict[str, object]] = [
 ]
 
 
+async def _served(session: aiohttp.ClientSession, server: VllmServer, body: dict[str, Any]) -> int:
+    """The prompt tokens vLLM's chat route reports for ``body`` (it must serve it)."""
+    async with session.post(server.url + "/v1/chat/completions", json=body) as response:
+        assert response.status == 200, body
+        return int((await response.json())["usage"]["prompt_tokens"])
+
+
 async def test_counts_follow_the_template_and_format_vllm_is_told(
     templated_server: VllmServer, tiny_model: Path, template_file: Path
 ) -> None:
@@ -89,9 +96,7 @@ async def test_counts_follow_the_template_and_format_vllm_is_told(
     async with aiohttp.ClientSession() as session:
         for messages, variables in zip(CHATS, VARIABLES, strict=True):
             body = {"model": "tiny", "messages": messages, "max_tokens": 1, **variables}
-            async with session.post(templated_server.url + "/v1/chat/completions", json=body) as response:
-                assert response.status == 200
-                served = (await response.json())["usage"]["prompt_tokens"]
+            served = await _served(session, templated_server, body)
             facts = request_facts("/v1/chat/completions", body, told)
             assert facts.exact
             assert facts.prompts == (served,), body
@@ -158,9 +163,7 @@ async def test_a_real_tool_calling_template_counts_as_vllm_renders_it(
     async with aiohttp.ClientSession() as session:
         for name, chat in QWEN3_CHATS.items():
             body = {"model": "tiny", "max_tokens": 1, **chat}
-            async with session.post(qwen3_server.url + "/v1/chat/completions", json=body) as response:
-                assert response.status == 200, name
-                served = (await response.json())["usage"]["prompt_tokens"]
+            served = await _served(session, qwen3_server, body)
             facts = request_facts("/v1/chat/completions", body, counter)
             if not facts.exact or facts.prompts != (served,):
                 disagree.append((name, facts.prompts, served))
@@ -194,9 +197,7 @@ async def test_vllms_tokenize_counts_a_chat_as_its_chat_route_builds_it(
     async with aiohttp.ClientSession() as session:
         for name, chat in RECOUNTED_CHATS.items():
             body = {"model": "tiny", "max_tokens": 1, **chat}
-            async with session.post(qwen3_server.url + "/v1/chat/completions", json=body) as response:
-                assert response.status == 200, name
-                served = (await response.json())["usage"]["prompt_tokens"]
+            served = await _served(session, qwen3_server, body)
             asks = tokenize_bodies("/v1/chat/completions", body, EngineChat(), (0,))
             assert asks is not None
             for ask, record in ((asks[0], disagree), (body, raw_disagree)):
