@@ -318,7 +318,7 @@ class AdmissionCollector(Collector):
         )
         cap.add_metric([], float(controller.concurrency_cap) if controller.concurrency_cap else math.inf)
         audit = controller.audit
-        checks = _by_result("prompt_count_checks", "Exact prompt counts checked by vLLM's.", audit.checks)
+        checks = _by_result("prompt_count_checks", "Exact counts checked against vLLM's own.", audit.checks)
         recounts = _by_result("prompt_recounts", "Too-long prompts counted again by vLLM.", audit.recounts)
         return [depth, inflight, state, reserved, policy, blocks, cap, checks, recounts]
 
