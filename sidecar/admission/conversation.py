@@ -149,9 +149,7 @@ def template_message(message: dict[str, Any], content_format: str) -> dict[str, 
         [{"type": "text", "text": t} for t in texts] if content_format == "openai" else "\n".join(texts)
     )
     shaped: dict[str, Any] = {"role": role, "content": content}
-    reasoning = message.get("reasoning")
-    if reasoning is None:
-        reasoning = message.get("reasoning_content")
+    reasoning = reasoning_renamed(message).get("reasoning")
     if role == "assistant":
         calls = message.get("tool_calls")
         if isinstance(calls, list) and calls:

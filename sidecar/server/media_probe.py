@@ -21,8 +21,8 @@ from aiohttp import web
 
 from sidecar.admission.body import RequestFacts
 from sidecar.admission.outputs import MediaTokens
+from sidecar.admission.recount import CHAT_ROUTE
 
-CHAT_ROUTE = "/v1/chat/completions"
 PROBE_TIMEOUT_SECONDS = 2.0
 """The longest a request waits for vLLM's count; past it, it is admitted as if there were none."""
 
