@@ -20,6 +20,8 @@ template that prints a tool (``tool | tojson``) or a call's arguments prints wha
   ``function`` as ``name``, ``description`` and ``parameters`` (``null`` when absent), ``strict`` and
   ``defer_loading`` only when set; other keys dropped. ``tools`` of ``None``, or ``tool_choice`` ``"none"``
   on a server started with ``--exclude-tools-when-tool-choice-none`` (``online_renderer.py``), renders none.
+* **Developer messages** (:func:`developer_as_system`, vLLM 0.26.0 to 0.34.0): as system messages, merged into
+  one at the front, for a template that does not name the role.
 * **Variables**: :func:`template_kwargs` over the server's ``--default-chat-template-kwargs``
   (:func:`with_defaults`); a continued final message is cut where its text ends (:func:`tagged`).
 
@@ -189,11 +191,20 @@ def _function(function: Any, defer_loading: Any) -> dict[str, Any]:
     return dumped
 
 
+def tools_reach_template(tools: Any, tool_choice: Any, *, exclude_when_choice_none: bool) -> bool:
+    """Whether vLLM hands the template tools (an empty list counts).
+
+    None for ``tools`` of ``None``, or for ``tool_choice`` ``"none"`` under
+    ``--exclude-tools-when-tool-choice-none`` (``online_renderer.py``).
+    """
+    return tools is not None and not (tool_choice == "none" and exclude_when_choice_none)
+
+
 def template_tools(
     tools: Any, tool_choice: Any = None, *, exclude_when_choice_none: bool = False
 ) -> list[dict[str, Any]] | None:
     """The request's ``tools`` as vLLM 0.32 dumps them for the template; ``None`` renders none."""
-    if tools is None or (tool_choice == "none" and exclude_when_choice_none):
+    if not tools_reach_template(tools, tool_choice, exclude_when_choice_none=exclude_when_choice_none):
         return None
     if not isinstance(tools, list):
         raise ValueError("vLLM refuses tools that are not a list")
@@ -233,6 +244,48 @@ def with_defaults(defaults: Mapping[str, Any], variables: dict[str, Any]) -> dic
     if not defaults:
         return variables
     return {**defaults, **{key: value for key, value in variables.items() if value not in (None, "auto")}}
+
+
+def names_developer(template: str) -> bool:
+    """Whether a template text names the ``developer`` role (``_detect_developer_role_support``)."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def developer_as_system(messages: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """Built messages as vLLM hands them to ``template``: developer ones as system ones where it lacks them.
+
+    vLLM 0.26.0 to 0.34.0 (``safe_apply_chat_template``, ``renderers/hf.py``): when a message is a developer's
+    and the template does not name the role, each becomes a system message without its ``tools``
+    (``_convert_developer_to_system``), then every system message is merged into one at the front when one
+    stands elsewhere or there are several (``_consolidate_system_messages``): their non-empty texts (a list's
+    text parts joined by newlines) joined by blank lines, the other messages after it in their order.
+    """
+    if not any(m.get("role") == "developer" for m in messages) or names_developer(template):
+        return messages
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"}
+        if m.get("role") == "developer"
+        else m
+        for m in messages
+    ]
+    texts: list[str] = []
+    others: list[dict[str, Any]] = []
+    merge = False
+    for index, message in enumerate(converted):
+        if message.get("role") != "system":
+            others.append(message)
+            continue
+        merge = merge or index > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                part["text"] if isinstance(part, dict) else part
+                for part in content
+                if (isinstance(part, dict) and "text" in part) or isinstance(part, str)
+            )
+        if content:
+            texts.append(content)
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others] if merge else converted
 
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "

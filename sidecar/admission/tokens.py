@@ -12,16 +12,12 @@ English prose +18%, Chinese prose +52%, Python source -15% to +5%, JSON log line
 natural language, the safe side for lane and pressure decisions; the never-fits check (HTTP 400)
 only refuses on exact counts (a tokenizer, or prompts given as token ids).
 
-**Chat prompts** are counted exactly the way vLLM builds them: the model's own ``chat_template``
-(``tokenizer_config.json``, or ``chat_template.jinja`` beside it) rendered with ``jinja2`` in the
-sandboxed environment transformers' ``apply_chat_template`` sets up (``trim_blocks``,
-``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``, ``strftime_now``, the special
-tokens as variables), then tokenized without adding special tokens (vLLM's chat default,
-``add_special_tokens=False``). The template gets the messages, tools and variables vLLM builds
-(:mod:`sidecar.admission.conversation`); a template that loops over a message's ``content`` gets
-a list of ``{"type": "text", "text": ...}`` parts, any other the text parts joined by newlines
-(``vllm/renderers/hf.py``, ``_detect_content_format``). A template that fails to render, or a
-request vLLM would refuse, falls back to the estimate.
+**Chat prompts** are counted exactly the way vLLM builds them: the template vLLM would choose for the chat
+(:mod:`sidecar.admission.chat_template`: the server's ``--chat-template``, else the tokenizer's, a named
+``tool_use`` one for chats with tools) rendered with ``jinja2`` as transformers renders it, with the
+messages, tools and variables vLLM builds (:mod:`sidecar.admission.conversation`), then tokenized without
+adding special tokens (vLLM's chat default, ``add_special_tokens=False``). A template that fails to render,
+or a request vLLM would refuse, falls back to the estimate.
 """
 
 from __future__ import annotations
@@ -29,19 +25,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sidecar.admission.conversation import (
-    CONTINUE_TAG,
-    EngineChat,
-    tagged,
-    template_message,
-    template_tools,
-    with_defaults,
-)
+from sidecar.admission.chat_template import ChatTemplates
+from sidecar.admission.conversation import EngineChat
 from sidecar.errors import ConfigError
 
 BYTES_PER_TOKEN = 4
@@ -127,14 +115,6 @@ class EstimatingCounter:
         return None
 
 
-def _special_token(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
-        return content
-    return None
-
-
 MEDIA_PART_KEYS = frozenset(
     {"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds"}
     | {"video_url", "video_embeds", "prompt_embeds"}
@@ -166,138 +146,12 @@ def media_parts(content: Any) -> int:
     )
 
 
-def _content_format(ast: Any) -> str:
-    """``openai`` when the template loops over a message's ``content`` (or ``content``), else ``string``."""
-    from jinja2 import nodes  # noqa: PLC0415 - optional dependency
-
-    for loop in ast.find_all(nodes.For):
-        target = loop.iter
-        while isinstance(target, nodes.Filter | nodes.Test) and target.node is not None:
-            target = target.node
-        if (
-            isinstance(target, nodes.Getitem)
-            and isinstance(target.arg, nodes.Const)
-            and target.arg.value == "content"
-        ):
-            return "openai"
-        if isinstance(target, nodes.Getattr) and target.attr == "content":
-            return "openai"
-        if isinstance(target, nodes.Name) and target.name == "content":
-            return "openai"
-    return "string"
-
-
-class ChatTemplate:
-    """A model's chat template, compiled once, rendered as transformers renders it."""
-
-    SPECIAL_TOKENS = (
-        "bos_token",
-        "eos_token",
-        "unk_token",
-        "pad_token",
-        "sep_token",
-        "cls_token",
-        "mask_token",
-    )
-
-    def __init__(self, source: str, config: dict[str, Any], chat: EngineChat | None = None) -> None:
-        import jinja2.ext  # noqa: PLC0415 - optional dependency (the tokens extra)
-        from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.exceptions.TemplateError(message)
-
-        def tojson(
-            value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Sequence[str] | None = None, sort_keys: bool = False,
-        ) -> str:  # fmt: skip
-            seps = (separators[0], separators[1]) if separators is not None else None
-            return json.dumps(
-                value, ensure_ascii=ensure_ascii, indent=indent, separators=seps, sort_keys=sort_keys
-            )
-
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-        )
-        environment.filters["tojson"] = tojson
-        environment.globals["raise_exception"] = raise_exception
-        environment.globals["strftime_now"] = lambda fmt: datetime.now(UTC).strftime(fmt)
-        self._template = environment.from_string(source)
-        chat = chat or EngineChat()
-        detected = _content_format(environment.parse(source))
-        self.content_format = detected if chat.content_format == "auto" else chat.content_format
-        self._chat = chat
-        self._specials = {
-            name: token
-            for name in self.SPECIAL_TOKENS
-            if (token := _special_token(config.get(name))) is not None
-        }
-
-    def render(
-        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
-        extra: dict[str, Any] | None, tool_choice: Any = None,
-    ) -> str:  # fmt: skip
-        """The prompt text vLLM would tokenize, from the messages, tools and variables as vLLM builds them.
-
-        With ``continue_final_message`` (in ``extra``) the final message is left open, as transformers 5.19
-        leaves it (``render_jinja_template``, ``utils/chat_template_utils.py``): a tag appended to its text
-        marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
-        """
-        chat = self._chat
-        variables = {**with_defaults(chat.default_template_kwargs, extra or {}), **self._specials}
-        dumped = template_tools(
-            tools, tool_choice, exclude_when_choice_none=chat.exclude_tools_when_tool_choice_none
-        )
-        shaped = [template_message(m, self.content_format) for m in messages]
-        continued = bool(variables.get("continue_final_message")) and bool(shaped)
-        if continued:
-            shaped[-1] = tagged(shaped[-1])
-        text: str = self._template.render(
-            messages=shaped, tools=dumped, add_generation_prompt=add_generation_prompt, **variables
-        )
-        if not continued:
-            return text
-        if CONTINUE_TAG.strip() not in text:
-            raise ValueError("the template drops the final message: vLLM refuses to continue it")
-        cut = text.rindex(CONTINUE_TAG.strip())
-        return text[:cut] if text[cut : cut + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:cut].rstrip()
-
-    @classmethod
-    def load(cls, directory: Path, chat: EngineChat | None = None) -> ChatTemplate | None:
-        """The template vLLM renders, if any: ``chat``'s (its ``--chat-template``), else the model's.
-
-        The model's is ``chat_template.jinja`` in ``directory``, else ``tokenizer_config.json``'s.
-        """
-        chat = chat or EngineChat()
-        config_path = directory / "tokenizer_config.json"
-        try:
-            config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        except (OSError, ValueError):
-            config = {}
-        source: Any = chat.template
-        if source is None and (directory / "chat_template.jinja").is_file():
-            source = (directory / "chat_template.jinja").read_text()
-        elif source is None:
-            source = config.get("chat_template")
-            if isinstance(source, list):  # named templates: vLLM uses "default"
-                named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-                source = named.get("default")
-        if not isinstance(source, str):
-            return None
-        try:
-            return cls(source, config, chat)
-        except ImportError:
-            return None
-        except Exception:  # noqa: BLE001 - jinja2 raises many kinds on a template it cannot compile
-            return None
-
-
 class TokenizerCounter:
     """Exact counts with a Hugging Face ``tokenizer.json`` (and the model's chat template when it has one)."""
 
     exact = True
 
-    def __init__(self, path: Path, template: ChatTemplate | None = None, *, harmony: bool = False) -> None:
+    def __init__(self, path: Path, template: ChatTemplates | None = None, *, harmony: bool = False) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -361,7 +215,7 @@ def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCoun
             try:
                 return TokenizerCounter(
                     candidate,
-                    ChatTemplate.load(directory, chat),
+                    ChatTemplates.load(directory, chat),
                     harmony=harmony,
                 )
             except ConfigError:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from sidecar.admission.body import COMPLETIONS_DEFAULT_MAX_TOKENS, coerce_bool, coerce_int, request_facts
-from sidecar.admission.tokens import ChatTemplate, EstimatingCounter, TokenizerCounter, load_counter
+from sidecar.admission.chat_template import ChatTemplates
+from sidecar.admission.tokens import EstimatingCounter, TokenizerCounter, load_counter
 
 
 class _Ints(pydantic.BaseModel):
@@ -139,11 +140,11 @@ def test_named_templates_and_jinja_files(tmp_path: Path) -> None:
             {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}
         )
     )
-    template = ChatTemplate.load(tmp_path)
+    template = ChatTemplates.load(tmp_path)
     assert template is not None
     assert template.render([], None, add_generation_prompt=True, extra=None) == "D"
     (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}")
-    file_template = ChatTemplate.load(tmp_path)
+    file_template = ChatTemplates.load(tmp_path)
     assert file_template is not None
     assert (
         file_template.render([{"role": "user", "content": "x"}], None, add_generation_prompt=True, extra=None)
