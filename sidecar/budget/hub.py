@@ -26,6 +26,7 @@ PLANNING_FILES = (
     "tokenizer_config.json",
     "chat_template.jinja",
     "chat_template.json",
+    "additional_chat_templates/*.jinja",
     "model.safetensors.index.json",
 )
 """The files fetched for planning: small JSON and text, never weights."""

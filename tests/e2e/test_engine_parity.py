@@ -154,6 +154,19 @@ TOOL_CHATS: dict[str, dict[str, Any]] = {  # vLLM rebuilds these before its temp
     "a billing header": {
         "messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=12\nbe brief"}, ASKED],
     },
+    # developer messages: system ones, merged at the front, for a template without the role (vLLM >= 0.26)
+    "a developer message first": {"messages": [{"role": "developer", "content": "be terse"}, ASKED]},
+    "a system then a developer message": {
+        "messages": [{"role": "system", "content": "sys one"}, {"role": "developer", "content": "dev two"}, ASKED],
+    },
+    "a late developer message in parts": {
+        "messages": [ASKED, {"role": "assistant", "content": "ok"},
+                     {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                     ASKED],
+    },
+    "an empty developer message": {
+        "messages": [{"role": "developer", "content": ""}, {"role": "system", "content": "s"}, ASKED],
+    },
 }  # fmt: skip
 
 
