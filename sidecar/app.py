@@ -34,7 +34,7 @@ from sidecar.admission.geometry import PoolView
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, Staleness
 from sidecar.admission.retry import clamp_retry_after
-from sidecar.admission.tokens import TokenCounter, load_counter
+from sidecar.admission.tokens import TokenCounter, counts_described, load_counter
 from sidecar.budget.catalog import ResolvedModel
 from sidecar.late import LateResolver
 from sidecar.monitor.diagnose import MonitorSettings
@@ -168,8 +168,10 @@ class SidecarApp:
         self.proxy_port: int | None = None
 
     def _load_counter(self, model: str | None) -> TokenCounter:
-        """The model's token counter, told how vLLM renders chats."""
-        return load_counter(model, self.options.chat)
+        """The model's token counter, told how vLLM renders chats; a log line says what is exact."""
+        counter = load_counter(model, self.options.chat)
+        self.log.info("prompt_counts", **counts_described(counter))
+        return counter
 
     def _pool(self) -> PoolView | None:
         """The KV pool admission plans against: the engine's blocks, else the prediction's.
@@ -179,12 +181,9 @@ class SidecarApp:
         snapshot, ledger = self.monitor.engine.snapshot, self.monitor.ledger
         if self._pool_cache is not None and self._pool_cache[0] is snapshot and self._pool_cache[1] is ledger:
             return self._pool_cache[2]
-        view = self._compute_pool()
+        view = admission_pool(self.monitor).view
         self._pool_cache = (snapshot, ledger, view)
         return view
-
-    def _compute_pool(self) -> PoolView | None:
-        return admission_pool(self.monitor).view
 
     def _engine_snapshot(self) -> EngineSnapshot | None:
         engine = self.monitor.engine

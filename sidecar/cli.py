@@ -288,6 +288,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             content_format=args.chat_template_content_format,
             exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
             default_template_kwargs=args.default_chat_template_kwargs or {},
+            tokenizer_mode=args.tokenizer_mode,
         ),
         admin_token=args.admin_token or None,
         model_retry=args.model_retry,

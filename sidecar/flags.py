@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sidecar.admission.conversation import CONTENT_FORMATS
+from sidecar.admission.conversation import CONTENT_FORMATS, EngineChat
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode, OnPressure
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureSettings, Staleness
@@ -280,6 +280,13 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         "--exclude-tools-when-tool-choice-none",
         action="store_true",
         help="vLLM runs with this flag: a chat with tool_choice none is counted without its tools",
+    )
+    add(
+        "--tokenizer-mode",
+        default=default_of(EngineChat, "tokenizer_mode"),
+        help="vLLM's --tokenizer-mode: counts are exact only where vLLM uses the model's tokenizer.json "
+        "and chat template (hf, or auto as vLLM resolves it); near for mistral, deepseek_v32, ... "
+        "(default %(default)s)",
     )
     add(
         "--queue-max-entries",

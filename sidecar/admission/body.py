@@ -155,8 +155,8 @@ def _prompts(
     for item in items:
         if isinstance(item, str):
             tokens = counter.tokens(item, special=special)
-            if tokens is None:
-                counts.append(counter.count(item))
+            if tokens is None or not counter.exact:  # vLLM may tokenize text with another tokenizer
+                counts.append(counter.count(item) if tokens is None else len(tokens))
                 ids, exact = None, False
             else:
                 counts.append(len(tokens))

@@ -57,6 +57,9 @@ class EngineChat:
     """``--exclude-tools-when-tool-choice-none``: a ``tool_choice`` of ``"none"`` renders no tools."""
     default_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """``--default-chat-template-kwargs``: the template's variables where a request sets none."""
+    tokenizer_mode: str = "auto"
+    """``--tokenizer-mode``: modes other than ``hf`` may tokenize or render with vLLM's own code
+    (:mod:`sidecar.admission.tokenizer_mode`)."""
 
 
 BILLING_HEADER = "x-anthropic-billing-header"

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from sidecar.admission.chat_template import ChatTemplates
 from sidecar.admission.conversation import EngineChat
+from sidecar.admission.tokenizer_mode import HF_TOKENIZING, EngineTokenizing
 from sidecar.errors import ConfigError
 
 BYTES_PER_TOKEN = 4
@@ -147,11 +148,14 @@ def media_parts(content: Any) -> int:
 
 
 class TokenizerCounter:
-    """Exact counts with a Hugging Face ``tokenizer.json`` (and the model's chat template when it has one)."""
+    """Counts with a Hugging Face ``tokenizer.json`` (and the model's chat template when it has one).
 
-    exact = True
+    Exact where vLLM tokenizes and renders with the same (``tokenizing``: its tokenizer mode); near otherwise.
+    """
 
-    def __init__(self, path: Path, template: ChatTemplates | None = None, *, harmony: bool = False) -> None:
+    def __init__(
+        self, path: Path, template: ChatTemplates | None = None, tokenizing: EngineTokenizing = HF_TOKENIZING
+    ) -> None:
         try:
             from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
         except ImportError:
@@ -163,7 +167,9 @@ class TokenizerCounter:
         except Exception as exc:  # noqa: BLE001 - the Rust binding raises a bare Exception
             raise ConfigError(f"cannot load {path}: {exc}") from None
         self._template = template
-        self.chats_exact = not harmony  # vLLM renders gpt-oss chats with openai_harmony, not this template
+        self.tokenizing = tokenizing
+        self.exact = tokenizing.texts_exact  # another tokenizer in vLLM (mistral_common's Tekken, ...): near
+        self.chats_exact = tokenizing.chats_exact  # not for gpt-oss (Harmony) or vLLM's own encoders
 
     def count(self, text: str) -> int:
         """Tokens in ``text`` (no special tokens added)."""
@@ -198,9 +204,10 @@ class TokenizerCounter:
 
 
 def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCounter:
-    """The exact counter when ``model`` is a directory with ``tokenizer.json`` and tokenizers is installed.
+    """The tokenizer's counter when ``model`` is a folder with ``tokenizer.json`` (and tokenizers installed).
 
-    ``chat``: how vLLM was told to render chats (its template, content format, tools for ``"none"``).
+    ``chat``: how vLLM was told to render chats (its template, content format, tools for ``"none"``, its
+    tokenizer mode); the counter is exact where vLLM's tokenizer mode uses that tokenizer and template.
     """
     if model:
         path = Path(model).expanduser()
@@ -211,13 +218,22 @@ def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCoun
                 config = json.loads((directory / "config.json").read_text())
             except (OSError, ValueError):
                 config = {}
-            harmony = isinstance(config, dict) and config.get("model_type") == "gpt_oss"  # as vLLM decides
+            told = (chat or EngineChat()).tokenizer_mode
+            files = [entry.name for entry in directory.iterdir()]
+            tokenizing = EngineTokenizing.of(told, config if isinstance(config, dict) else {}, files)
             try:
-                return TokenizerCounter(
-                    candidate,
-                    ChatTemplates.load(directory, chat),
-                    harmony=harmony,
-                )
+                return TokenizerCounter(candidate, ChatTemplates.load(directory, chat), tokenizing)
             except ConfigError:
                 return EstimatingCounter()
     return EstimatingCounter()
+
+
+def counts_described(counter: TokenCounter) -> dict[str, Any]:
+    """How prompts are counted, for a log line: tokenizer or estimate, what is exact, vLLM's mode."""
+    tokenizing = counter.tokenizing if isinstance(counter, TokenizerCounter) else None
+    return {
+        "counter": "estimate" if tokenizing is None else "tokenizer",
+        "texts_exact": counter.exact,
+        "chats_exact": counter.chats_exact,
+        "tokenizer_mode": None if tokenizing is None else tokenizing.mode,
+    }

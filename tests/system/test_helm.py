@@ -58,7 +58,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "fp8-kv": {"vllm": {"kvCacheDtype": "fp8", "quantization": "awq", "maxNumBatchedTokens": 8192, "blockSize": 32,
                         "streamInterval": 4,
                         "enablePrefixCaching": True,
-                        "extraArgs": ["--enable-chunked-prefill", "--exclude-tools-when-tool-choice-none"]},
+                        "extraArgs": ["--enable-chunked-prefill", "--exclude-tools-when-tool-choice-none",
+                                      "--tokenizer-mode", "mistral"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
     "chat-template": {"vllm": {"chatTemplate": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
@@ -169,7 +170,7 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
                  "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
                  "--speculative-config", "--exclude-tools-when-tool-choice-none", "--chat-template",
-                 "--chat-template-content-format", "--default-chat-template-kwargs"):  # fmt: skip
+                 "--chat-template-content-format", "--default-chat-template-kwargs", "--tokenizer-mode"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -492,3 +493,13 @@ def test_a_null_utilisation_leaves_vllm_and_the_sidecar_to_the_engines_default()
     default = containers(render({}))
     for pod in ("vllm", "kv-sidecar"):
         assert flags(default[pod]["args"])["--gpu-memory-utilization"] == "0.9"
+
+
+@pytest.mark.parametrize(
+    "extra", [["--tokenizer-mode", "deepseek_v32"], ["--tokenizer-mode=deepseek_v32"], ["--tokenizer-mode"]]
+)
+def test_the_sidecar_is_told_vllms_tokenizer_mode(extra: list[str]) -> None:
+    """Either spelling of ``--tokenizer-mode`` in ``vllm.extraArgs`` reaches the sidecar (its counts' exactness)."""
+    pods = containers(render({"vllm": {"extraArgs": extra}}))
+    args = build_parser().parse_args(pods["kv-sidecar"]["args"])
+    assert args.tokenizer_mode == ("auto" if extra == ["--tokenizer-mode"] else "deepseek_v32")

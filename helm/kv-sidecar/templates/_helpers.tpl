@@ -199,8 +199,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- include "kv-sidecar.memoryArgs" . }}
 {{- include "kv-sidecar.chatArgs" . }}
 {{- /* vLLM flags set through extraArgs that change how the sidecar counts a prompt */}}
-{{- if has "--exclude-tools-when-tool-choice-none" (default (list) .Values.vllm.extraArgs) }}
+{{- $extraArgs := default (list) .Values.vllm.extraArgs }}
+{{- if has "--exclude-tools-when-tool-choice-none" $extraArgs }}
 - --exclude-tools-when-tool-choice-none
+{{- end }}
+{{- range $index, $arg := $extraArgs }}
+{{- if and (eq (toString $arg) "--tokenizer-mode") (lt (add1 $index) (len $extraArgs)) }}
+- --tokenizer-mode
+- {{ index $extraArgs (add1 $index) | quote }}
+{{- else if hasPrefix "--tokenizer-mode=" (toString $arg) }}
+- {{ $arg | quote }}
+{{- end }}
 {{- end }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
 - --weight-dtype
