@@ -5,20 +5,20 @@ transformers 5.19, which vLLM 0.32.0's environment here has: ``from_pretrained``
 ``tokenization_utils_base.py``):
 
 1. the server's ``--chat-template`` (:class:`~sidecar.admission.conversation.EngineChat`), for every chat;
-2. otherwise the tokenizer's: ``chat_template.jinja`` as ``default`` and each
-   ``additional_chat_templates/NAME.jinja`` as ``NAME`` when any of these files exists (they take priority
-   over the config), else ``tokenizer_config.json``'s ``chat_template``, a text or a list of ``{"name",
-   "template"}`` (Command-R's and Hermes-2-Pro's ``default``, ``tool_use``, ``rag``). With several, a chat
-   whose tools reach the template (an empty list included;
-   :func:`~sidecar.admission.conversation.tools_reach_template`) gets ``tool_use`` where there is one, any
-   other chat ``default``; without a ``default`` vLLM has no template and answers 400 (the sidecar
-   estimates, and vLLM answers).
+2. for a chat without tools, a multimodal processor's own template: transformers' ``ProcessorMixin`` reads a
+   legacy ``chat_template.json`` before ``chat_template.jinja`` (:func:`processor_template`; without the
+   legacy file it reads the tokenizer's files, the same templates as 3);
+3. the tokenizer's: ``chat_template.jinja`` as ``default`` and each ``additional_chat_templates/NAME.jinja``
+   as ``NAME`` when any of these files exists (they take priority over the config), else
+   ``tokenizer_config.json``'s ``chat_template``, a text or a list of ``{"name", "template"}`` (Command-R's
+   and Hermes-2-Pro's ``default``, ``tool_use``, ``rag``). With several, a chat whose tools reach the
+   template (an empty list included; :func:`~sidecar.admission.conversation.tools_reach_template`) gets
+   ``tool_use`` where there is one, any other chat ``default``; without a ``default`` vLLM has no template
+   and answers 400 (the sidecar estimates, and vLLM answers).
 
-Not modelled: a multimodal processor's own template, which vLLM prefers for chats without tools (read from
-the same ``chat_template.jinja`` by both for checkpoints saved by recent transformers; a legacy
-``chat_template.json`` is not read here), and vLLM's fallback templates for a few model types that have
-none (``transformers_utils/chat_templates``: BLIP-2, PaliGemma, SigLIP, ...): without one, chats are
-estimated, and an exact count, where it differs from vLLM's, is corrected by the answers' usage
+Not modelled: vLLM's fallback templates for a few model types that have none
+(``transformers_utils/chat_templates``: BLIP-2, PaliGemma, SigLIP, ...). Without one, chats are estimated;
+an exact count that differs from vLLM's is corrected by the answers' usage
 (:mod:`sidecar.admission.count_audit`) and vLLM's own recount before any refusal
 (:mod:`sidecar.admission.recount`).
 
@@ -55,6 +55,10 @@ NAMED_TEMPLATES_DIR = "additional_chat_templates"
 """Where the tokenizer's other templates are, one ``NAME.jinja`` each (``CHAT_TEMPLATE_DIR``)."""
 TOOLS_TEMPLATE = "tool_use"
 """The named template transformers picks for a chat with tools (``get_chat_template``)."""
+LEGACY_PROCESSOR_TEMPLATE = "chat_template.json"
+"""A multimodal processor's template file of old (transformers' ``LEGACY_PROCESSOR_CHAT_TEMPLATE_FILE``)."""
+PROCESSOR_CONFIGS = ("processor_config.json", "preprocessor_config.json")
+"""Files a multimodal processor is loaded from."""
 
 
 def _special_token(value: Any) -> str | None:
@@ -200,7 +204,28 @@ def tokenizer_templates(directory: Path, config: Mapping[str, Any]) -> str | dic
     return source if isinstance(source, str) else None
 
 
-def _compiled(source: str, config: dict[str, Any], chat: EngineChat) -> ChatTemplate | None:
+def processor_template(directory: Path) -> str | None:
+    """A multimodal processor's legacy ``chat_template.json``, which vLLM prefers for chats without tools.
+
+    transformers 5.19's ``ProcessorMixin`` reads it before ``chat_template.jinja`` (``processing_utils.py``)
+    and fails to load beside ``additional_chat_templates/``; vLLM then falls back to the tokenizer's
+    (``_try_get_processor_chat_template``). A folder without a processor's config has no processor.
+    """
+    legacy = directory / LEGACY_PROCESSOR_TEMPLATE
+    if not legacy.is_file() or not any((directory / name).is_file() for name in PROCESSOR_CONFIGS):
+        return None
+    if any((directory / NAMED_TEMPLATES_DIR).glob("*.jinja")):
+        return None
+    try:
+        source = json.loads(legacy.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) else None
+
+
+def _compiled(source: str | None, config: dict[str, Any], chat: EngineChat) -> ChatTemplate | None:
+    if source is None:
+        return None
     try:
         return ChatTemplate(source, config, chat)
     except ImportError:
@@ -213,25 +238,34 @@ class ChatTemplates:
     """The templates vLLM may render a model's chats with, and the choice among them per chat."""
 
     def __init__(
-        self, chat: EngineChat, single: ChatTemplate | None, named: Mapping[str, ChatTemplate]
+        self,
+        chat: EngineChat,
+        tokenizer: ChatTemplate | Mapping[str, ChatTemplate] | None,
+        *,
+        processor: ChatTemplate | None = None,
+        told: ChatTemplate | None = None,
     ) -> None:
         self._chat = chat
-        self.single = single
-        """The template for every chat (``--chat-template``, or a tokenizer's only one)."""
-        self.named = dict(named)
-        """Named templates (``default``, ``tool_use``, ...) when the tokenizer has several."""
+        self.told = told
+        """``--chat-template``'s, for every chat."""
+        self.processor = processor
+        """A multimodal processor's, for chats without tools."""
+        self.tokenizer = tokenizer if isinstance(tokenizer, ChatTemplate | None) else dict(tokenizer)
+        """The tokenizer's: one, or several by name (``default``, ``tool_use``, ...)."""
 
     def chosen(self, tools: Any, tool_choice: Any = None) -> ChatTemplate | None:
         """The template vLLM renders a chat with these ``tools``; ``None`` where it would have none."""
-        if self.single is not None:
-            return self.single
+        if self.told is not None:
+            return self.told
         exclude = self._chat.exclude_tools_when_tool_choice_none
-        if (
-            tools_reach_template(tools, tool_choice, exclude_when_choice_none=exclude)
-            and TOOLS_TEMPLATE in self.named
-        ):
-            return self.named[TOOLS_TEMPLATE]
-        return self.named.get("default")
+        reach = tools_reach_template(tools, tool_choice, exclude_when_choice_none=exclude)
+        if not reach and self.processor is not None:
+            return self.processor
+        if isinstance(self.tokenizer, ChatTemplate) or self.tokenizer is None:
+            return self.tokenizer
+        if reach and TOOLS_TEMPLATE in self.tokenizer:
+            return self.tokenizer[TOOLS_TEMPLATE]
+        return self.tokenizer.get("default")
 
     def render(
         self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
@@ -245,7 +279,7 @@ class ChatTemplates:
 
     @classmethod
     def load(cls, directory: Path, chat: EngineChat | None = None) -> ChatTemplates | None:
-        """The templates vLLM renders with: ``chat``'s ``--chat-template``, else the tokenizer's."""
+        """The templates vLLM renders with: ``--chat-template``'s, else the processor's and tokenizer's."""
         chat = chat or EngineChat()
         config_path = directory / "tokenizer_config.json"
         try:
@@ -253,11 +287,16 @@ class ChatTemplates:
         except (OSError, ValueError):
             config = {}
         config = config if isinstance(config, dict) else {}
-        sources = chat.template if chat.template is not None else tokenizer_templates(directory, config)
-        if isinstance(sources, str):
-            single = _compiled(sources, config, chat)
-            return None if single is None else cls(chat, single, {})
-        compiled = {
-            name: t for name, source in (sources or {}).items() if (t := _compiled(source, config, chat))
-        }
-        return cls(chat, None, compiled) if compiled else None
+        if chat.template is not None:
+            told = _compiled(chat.template, config, chat)
+            return None if told is None else cls(chat, None, told=told)
+        sources = tokenizer_templates(directory, config)
+        tokenizer: ChatTemplate | dict[str, ChatTemplate] | None
+        if isinstance(sources, str) or sources is None:
+            tokenizer = _compiled(sources, config, chat)
+        else:
+            tokenizer = {
+                name: t for name, text in sources.items() if (t := _compiled(text, config, chat))
+            } or None
+        processor = _compiled(processor_template(directory), config, chat)
+        return None if tokenizer is None and processor is None else cls(chat, tokenizer, processor=processor)

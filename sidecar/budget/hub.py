@@ -27,6 +27,8 @@ PLANNING_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "additional_chat_templates/*.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
     "model.safetensors.index.json",
 )
 """The files fetched for planning: small JSON and text, never weights."""

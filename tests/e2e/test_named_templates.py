@@ -7,12 +7,15 @@ Command-R's and Hermes-2-Pro's ``tokenizer_config.json`` hold a list of template
 the template and ``default`` otherwise. The sidecar rendered ``default`` for every chat, so a tool chat's
 "exact" count lacked the tools vLLM prints. Here a copy of the tiny model whose ``default`` prints no tools
 and whose ``tool_use`` does (the tiny model's own template) is served by the real vLLM, and the files layout
-is loaded by vLLM's own transformers.
+is loaded by vLLM's own transformers. A multimodal processor's legacy ``chat_template.json`` comes before the
+tokenizer's templates for chats without tools (``_try_get_processor_chat_template``): vLLM's own
+``resolve_chat_template`` runs on a tiny Qwen2-VL's layouts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -28,7 +31,7 @@ from sidecar.admission.conversation import EngineChat
 from sidecar.admission.recount import tokenize_bodies
 from sidecar.admission.tokens import load_counter
 from tests.e2e.conftest import serve
-from tests.harness.vllm import VllmServer
+from tests.harness.vllm import VllmServer, make_tiny_model, vision_path
 
 pytestmark = pytest.mark.e2e
 
@@ -145,3 +148,55 @@ def test_template_files_are_chosen_as_vllms_transformers_chooses_them(
         for name, tools in (("none", None), ("empty", []), ("one", [{"type": "function"}]))
     }
     assert ours == vllms
+
+
+RESOLVE = """
+import json, sys
+from types import SimpleNamespace
+from vllm.renderers.hf import resolve_chat_template
+from vllm.tokenizers import get_tokenizer
+chosen = {}
+for path in sys.argv[1:]:
+    config = SimpleNamespace(tokenizer_revision=None, code_revision=None, tokenizer=path, model=path,
+                             trust_remote_code=False, hf_config=SimpleNamespace(model_type="qwen2_vl"))
+    tokenizer = get_tokenizer(path)
+    chosen[path] = [resolve_chat_template(tokenizer, None, tools, model_config=config)
+                    for tools in (None, [{"type": "function"}])]
+print(json.dumps(chosen))
+"""
+
+VL_LAYOUTS: dict[str, dict[str, str]] = {
+    "a legacy processor template beside the tokenizer's": {"chat_template.json": json.dumps({"chat_template": "P"})},
+    "a legacy processor template and named files": {
+        "chat_template.json": json.dumps({"chat_template": "P"}), "additional_chat_templates/rag.jinja": "R"},
+    "no legacy file": {},
+}  # fmt: skip
+
+
+def test_a_processors_template_is_chosen_as_vllm_chooses_it(
+    vllm_env: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """vLLM 0.32.0's ``resolve_chat_template`` on a tiny Qwen2-VL's layouts: the sidecar chooses the same text."""
+    made = make_tiny_model(vllm_env, tmp_path_factory.mktemp("vl") / "tiny-vl", vl=True)
+    folders = []
+    for index, files in enumerate(VL_LAYOUTS.values()):
+        folder = tmp_path_factory.mktemp(f"layout{index}") / "vl"
+        shutil.copytree(made, folder)
+        for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+        folders.append(folder)
+    result = subprocess.run(
+        [str(vllm_env), "-c", RESOLVE, *map(str, folders)], capture_output=True, text=True, check=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": str(vision_path()), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    vllms = json.loads(result.stdout.strip().splitlines()[-1])
+    for folder in folders:
+        templates = ChatTemplates.load(folder)
+        assert templates is not None
+        ours = [
+            None if (t := templates.chosen(tools)) is None else t.source
+            for tools in (None, [{"type": "function"}])
+        ]
+        assert ours == vllms[str(folder)], folder
+    assert vllms[str(folders[0])][0] == "P"  # the case that differs from the tokenizer's

@@ -131,3 +131,33 @@ def test_counts_follow_the_chosen_template(tmp_path: Path, model_dir: Path) -> N
     assert tooled.prompts[0] > plain.prompts[0] + 10  # the tools' JSON is in the prompt
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": templates[1:]}))
     assert not request_facts("/v1/chat/completions", {"messages": [USER]}, load_counter(str(tmp_path))).exact
+
+
+@pytest.mark.parametrize(
+    ("files", "plain", "tooled"),
+    [
+        ({"chat_template.json": {"chat_template": "P"}, "preprocessor_config.json": {}}, "P", "T"),
+        ({"chat_template.json": {"chat_template": "P"}, "processor_config.json": {}}, "P", "T"),
+        ({"chat_template.json": {"chat_template": "P"}}, "T", "T"),  # no processor to read it
+        ({"chat_template.json": {"chat_template": "P"}, "preprocessor_config.json": {}, "chat_template.jinja": "J"},
+         "P", "J"),  # the legacy file before the new one for the processor; the tokenizer reads the new one
+        ({"chat_template.json": {"chat_template": "P"}, "preprocessor_config.json": {}, "chat_template.jinja": "J",
+          "additional_chat_templates/rag.jinja": "R"}, "J", "J"),  # transformers refuses the mix: the tokenizer's
+        ({"chat_template.json": {"chat_template": 3}, "preprocessor_config.json": {}}, "T", "T"),
+    ],
+)  # fmt: skip
+def test_a_processors_legacy_template_serves_chats_without_tools(
+    tmp_path: Path, files: dict[str, Any], plain: str, tooled: str
+) -> None:
+    """vLLM tries the processor's template before the tokenizer's, for chats without tools only."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "T"}))
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    templates = ChatTemplates.load(tmp_path)
+    assert templates is not None
+    assert templates.render([USER], None, True, None) == plain
+    assert templates.render([USER], [TOOL], True, None, "none") == tooled
+    told = ChatTemplates.load(tmp_path, EngineChat(template="F"))
+    assert told is not None
+    assert told.render([USER], None, True, None) == "F"
