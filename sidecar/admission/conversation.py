@@ -223,6 +223,10 @@ def template_tools(
     return dumped
 
 
+REQUEST_BOOLEANS = ("add_generation_prompt", "continue_final_message")
+"""Request fields vLLM always merges over ``chat_template_kwargs`` (never ``None``: their defaults count)."""
+
+
 def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """The template's variables as vLLM 0.32 builds them (``ChatCompletionRequest.build_chat_params``).
 
@@ -230,8 +234,10 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
     unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
     """
-    given = body.get("chat_template_kwargs")  # the request's add_generation_prompt wins over its copy here
-    user = {k: v for k, v in given.items() if k != "add_generation_prompt"} if isinstance(given, dict) else {}
+    given = body.get(
+        "chat_template_kwargs"
+    )  # the request's own booleans, defaults included, win over copies here
+    user = {k: v for k, v in given.items() if k not in REQUEST_BOOLEANS} if isinstance(given, dict) else {}
     own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
     if own["reasoning_effort"] is not None and "enable_thinking" not in user:
         own["enable_thinking"] = own["reasoning_effort"] != "none"

@@ -108,9 +108,10 @@ async def test_chat_counts_equal_vllms_usage(vllm_server: VllmServer, tiny_model
             "reasoning_effort": "low",
             "documents": [{"title": "t", "text": "x"}],
         },
+        {"chat_template_kwargs": {"continue_final_message": True}},  # the request's default False wins too
     ]
     async with aiohttp.ClientSession() as session:
-        for messages, extra in zip([*chats, prefill, *chats[1:3]], options, strict=True):
+        for messages, extra in zip([*chats, prefill, *chats[1:3], prefill], options, strict=True):
             body = {"model": "tiny", "messages": messages, "max_tokens": 1, **extra}
             status, _, payload = await _post(session, vllm_server.url + "/v1/chat/completions", body)
             assert status == 200, extra

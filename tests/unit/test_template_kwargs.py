@@ -39,6 +39,7 @@ OPEN = [{"role": "user", "content": "the KV cache"}, {"role": "assistant", "cont
             {"reasoning_effort": "low", "enable_thinking": False},  # the client's own choice stands
         ),
         ({"reasoning_effort": "auto"}, {"enable_thinking": True}),  # "auto" is unset to merge_kwargs
+        ({"chat_template_kwargs": {"continue_final_message": True}}, {}),  # the request's default False wins
         (
             {"continue_final_message": True, "documents": [{"text": "x"}]},
             {"continue_final_message": True, "documents": [{"text": "x"}]},
