@@ -234,9 +234,7 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
     unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
     """
-    given = body.get(
-        "chat_template_kwargs"
-    )  # the request's own booleans, defaults included, win over copies here
+    given = body.get("chat_template_kwargs")  # the request's own booleans (defaults too) win over copies
     user = {k: v for k, v in given.items() if k not in REQUEST_BOOLEANS} if isinstance(given, dict) else {}
     own = {key: body.get(key) for key in ("continue_final_message", "documents", "reasoning_effort")}
     if own["reasoning_effort"] is not None and "enable_thinking" not in user:

@@ -13,11 +13,13 @@ natural language, the safe side for lane and pressure decisions; the never-fits 
 only refuses on exact counts (a tokenizer, or prompts given as token ids).
 
 **Chat prompts** are counted exactly the way vLLM builds them: the template vLLM would choose for the chat
-(:mod:`sidecar.admission.chat_template`: the server's ``--chat-template``, else the tokenizer's, a named
-``tool_use`` one for chats with tools) rendered with ``jinja2`` as transformers renders it, with the
-messages, tools and variables vLLM builds (:mod:`sidecar.admission.conversation`), then tokenized without
-adding special tokens (vLLM's chat default, ``add_special_tokens=False``). A template that fails to render,
-or a request vLLM would refuse, falls back to the estimate.
+(:mod:`sidecar.admission.chat_template`: the server's ``--chat-template``, else a multimodal processor's
+for chats without tools, else the tokenizer's, a named ``tool_use`` one for chats with tools) rendered with
+``jinja2`` as transformers renders it, with the messages, tools and variables vLLM builds
+(:mod:`sidecar.admission.conversation`), then tokenized without adding special tokens (vLLM's chat default,
+``add_special_tokens=False``). A template that fails to render, or a request vLLM would refuse, falls back to
+the estimate. Counts are exact only where vLLM's tokenizer mode uses ``tokenizer.json`` and the template
+(:mod:`sidecar.admission.tokenizer_mode`); elsewhere they are near.
 """
 
 from __future__ import annotations
