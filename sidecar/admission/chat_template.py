@@ -42,10 +42,9 @@ from sidecar.admission.conversation import (
     CONTINUE_TAG,
     EngineChat,
     developer_as_system,
+    rendered_tools,
     tagged,
     template_message,
-    template_tools,
-    tools_reach_template,
     with_defaults,
 )
 
@@ -138,20 +137,21 @@ class ChatTemplate:
         }
 
     def render(
-        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
-        extra: dict[str, Any] | None, tool_choice: Any = None,
-    ) -> str:  # fmt: skip
-        """The prompt text vLLM would tokenize, from the messages, tools and variables as vLLM builds them.
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        add_generation_prompt: bool,
+        extra: dict[str, Any] | None,
+    ) -> str:
+        """The prompt text vLLM would tokenize, from the messages and variables as vLLM builds them.
 
-        With ``continue_final_message`` (in ``extra``) the final message is left open, as transformers 5.19
+        ``tools``: those the template gets (:func:`~sidecar.admission.conversation.rendered_tools`). With
+        ``continue_final_message`` (in ``extra``) the final message is left open, as transformers 5.19
         leaves it (``render_jinja_template``, ``utils/chat_template_utils.py``): a tag appended to its text
         marks where the rendered chat is cut, so the template's closing tokens after it are not counted.
         """
-        chat = self._chat
-        variables = {**with_defaults(chat.default_template_kwargs, extra or {}), **self._specials}
-        dumped = template_tools(
-            tools, tool_choice, exclude_when_choice_none=chat.exclude_tools_when_tool_choice_none
-        )
+        variables = {**with_defaults(self._chat.default_template_kwargs, extra or {}), **self._specials}
+        variables.pop("tools", None)
         shaped = developer_as_system(
             [template_message(m, self.content_format) for m in messages], self.source
         )
@@ -159,7 +159,7 @@ class ChatTemplate:
         if continued:
             shaped[-1] = tagged(shaped[-1])
         text: str = self._template.render(
-            messages=shaped, tools=dumped, add_generation_prompt=add_generation_prompt, **variables
+            messages=shaped, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )
         if not continued:
             return text
@@ -253,12 +253,11 @@ class ChatTemplates:
         self.tokenizer = tokenizer if isinstance(tokenizer, ChatTemplate | None) else dict(tokenizer)
         """The tokenizer's: one, or several by name (``default``, ``tool_use``, ...)."""
 
-    def chosen(self, tools: Any, tool_choice: Any = None) -> ChatTemplate | None:
-        """The template vLLM renders a chat with these ``tools``; ``None`` where it would have none."""
+    def chosen(self, tools: Any) -> ChatTemplate | None:
+        """The template vLLM renders a chat with, given the ``tools`` it hands it; ``None`` where none."""
         if self.told is not None:
             return self.told
-        exclude = self._chat.exclude_tools_when_tool_choice_none
-        reach = tools_reach_template(tools, tool_choice, exclude_when_choice_none=exclude)
+        reach = tools is not None
         if not reach and self.processor is not None:
             return self.processor
         if isinstance(self.tokenizer, ChatTemplate) or self.tokenizer is None:
@@ -271,11 +270,16 @@ class ChatTemplates:
         self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool,
         extra: dict[str, Any] | None, tool_choice: Any = None,
     ) -> str:  # fmt: skip
-        """The chosen template's :meth:`ChatTemplate.render`; ``ValueError`` where vLLM has no template."""
-        template = self.chosen(tools, tool_choice)
+        """The chosen template's :meth:`ChatTemplate.render`; ``ValueError`` where vLLM has no template.
+
+        ``tools`` and ``tool_choice``: the request's; ``extra``: its template variables
+        (:func:`~sidecar.admission.conversation.template_kwargs`).
+        """
+        given = rendered_tools(tools, tool_choice, extra or {}, self._chat)
+        template = self.chosen(given)
         if template is None:
             raise ValueError("no default chat template: vLLM refuses the chat")
-        return template.render(messages, tools, add_generation_prompt, extra, tool_choice)
+        return template.render(messages, given, add_generation_prompt, extra)
 
     @classmethod
     def load(cls, directory: Path, chat: EngineChat | None = None) -> ChatTemplates | None:

@@ -223,6 +223,21 @@ def template_tools(
     return dumped
 
 
+def rendered_tools(tools: Any, tool_choice: Any, variables: Mapping[str, Any], chat: EngineChat) -> Any:
+    """The tools vLLM hands the template: merged as ``preprocess_chat`` merges them (``online_renderer.py``).
+
+    The request's ``tools`` as dumped (:func:`template_tools`) over the server's default variables, under
+    the request's own ``chat_template_kwargs`` (``variables``): a ``tools`` set there is rendered as sent.
+    ``None``: no tools reach the template.
+    """
+    dumped = template_tools(
+        tools, tool_choice, exclude_when_choice_none=chat.exclude_tools_when_tool_choice_none
+    )
+    if variables.get("tools") not in (None, "auto"):
+        return variables["tools"]
+    return dumped if dumped is not None else chat.default_template_kwargs.get("tools")
+
+
 REQUEST_BOOLEANS = ("add_generation_prompt", "continue_final_message")
 """Request fields vLLM always merges over ``chat_template_kwargs`` (never ``None``: their defaults count)."""
 
@@ -245,11 +260,9 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 def with_defaults(defaults: Mapping[str, Any], variables: dict[str, Any]) -> dict[str, Any]:
     """``ChatParams.with_defaults`` (``renderers/params.py``): the server's defaults under what a request set.
 
-    Without defaults the request's variables pass as they are; with them, a request's ``None`` or ``"auto"``
-    leaves the default (``merge_kwargs``).
+    A request's ``None`` or ``"auto"`` leaves the default, or nothing (``merge_kwargs``): vLLM's chat route
+    always merges, its own defaults holding at least ``tokenize`` (``preprocess_chat``).
     """
-    if not defaults:
-        return variables
     return {**defaults, **{key: value for key, value in variables.items() if value not in (None, "auto")}}
 
 

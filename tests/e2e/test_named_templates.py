@@ -36,7 +36,7 @@ from tests.harness.vllm import VllmServer, make_tiny_model, vision_path
 pytestmark = pytest.mark.e2e
 
 DEFAULT = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{{ note }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 RAG = "{% for message in messages %}[doc] {{ message['content'] }}\n{% endfor %}"
@@ -72,6 +72,12 @@ CHATS: dict[str, dict[str, Any]] = {  # tools go with tool_choice "none": the se
     # (an empty tool list would choose tool_use too, but vLLM's chat route refuses it: 400, "must not be empty")
     "no tools": {"messages": [ASKED]},
     "a tool": {"messages": [ASKED], "tools": [WEATHER], "tool_choice": "none"},
+    "a variable set": {"messages": [ASKED], "chat_template_kwargs": {"note": "be brief"}},
+    "a variable set to null": {
+        "messages": [ASKED],
+        "chat_template_kwargs": {"note": None},
+    },  # unset, not "None"
+    "tools as a template variable": {"messages": [ASKED], "chat_template_kwargs": {"tools": [WEATHER]}},
     "a developer message and two tools": {
         "messages": [{"role": "developer", "content": "be terse"}, ASKED],
         "tools": [WEATHER, WEATHER],
@@ -100,6 +106,8 @@ async def test_a_chat_with_tools_counts_as_vllms_tool_use_template_renders_it(
             async with session.post(named_server.url + "/tokenize", json=asks[0]) as response:
                 assert (await response.json())["count"] == counts[name], name
     assert counts["a tool"] > counts["no tools"] + 10  # the tool's JSON: tool_use, not default
+    assert counts["a variable set to null"] == counts["no tools"]
+    assert counts["tools as a template variable"] > counts["no tools"] + 10  # tool_use, the tool as sent
 
 
 PROBE = """

@@ -22,7 +22,7 @@ import pytest
 
 from sidecar.admission.body import request_facts
 from sidecar.admission.chat_template import ChatTemplates, tokenizer_templates
-from sidecar.admission.conversation import EngineChat, developer_as_system
+from sidecar.admission.conversation import EngineChat, developer_as_system, rendered_tools
 from sidecar.admission.tokens import load_counter
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
@@ -161,3 +161,29 @@ def test_a_processors_legacy_template_serves_chats_without_tools(
     told = ChatTemplates.load(tmp_path, EngineChat(template="F"))
     assert told is not None
     assert told.render([USER], None, True, None) == "F"
+
+
+@pytest.mark.parametrize(
+    ("tools", "variables", "defaults", "rendered"),
+    [
+        (None, {}, {}, None),
+        ([TOOL], {}, {}, [{"type": "function", "function": {"name": "w", "description": None, "parameters": None}}]),
+        (None, {"tools": [{"raw": 1}]}, {}, [{"raw": 1}]),  # chat_template_kwargs' tools, as sent
+        ([TOOL], {"tools": [{"raw": 1}]}, {}, [{"raw": 1}]),  # ... over the request's own
+        ([TOOL], {"tools": None}, {}, [{"type": "function", "function": {"name": "w", "description": None,
+                                                                         "parameters": None}}]),
+        (None, {}, {"tools": [{"server": 1}]}, [{"server": 1}]),  # the server's default, under both
+    ],
+)  # fmt: skip
+def test_the_tools_a_template_gets_merge_as_vllms(
+    tools: Any, variables: dict[str, Any], defaults: dict[str, Any], rendered: Any
+) -> None:
+    assert rendered_tools(tools, None, variables, EngineChat(default_template_kwargs=defaults)) == rendered
+
+
+def test_tools_given_as_template_variables_choose_tool_use(tmp_path: Path) -> None:
+    templates = ChatTemplates.load(
+        _named(tmp_path, default="D", tool_use="U{% for t in tools %}{{ t | tojson }}{% endfor %}")
+    )
+    assert templates is not None
+    assert templates.render([USER], None, True, {"tools": [{"raw": 1}]}) == 'U{"raw": 1}'

@@ -304,7 +304,7 @@ def test_responses_tools_are_estimated(tmp_path: Path, model_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("defaults", "variables", "merged"),
     [
-        ({}, {"a": None}, {"a": None}),  # no defaults: the request's variables pass as they are
+        ({}, {"a": None}, {}),  # vLLM always merges (its own defaults hold tokenize): None sets nothing
         ({"a": 1}, {}, {"a": 1}),
         ({"a": 1}, {"a": 2}, {"a": 2}),
         ({"a": 1}, {"a": None}, {"a": 1}),  # None and "auto" leave the default
