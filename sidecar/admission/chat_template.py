@@ -12,9 +12,9 @@ transformers 5.19, which vLLM 0.32.0's environment here has: ``from_pretrained``
    as ``NAME`` when any of these files exists (they take priority over the config), else
    ``tokenizer_config.json``'s ``chat_template``, a text or a list of ``{"name", "template"}`` (Command-R's
    and Hermes-2-Pro's ``default``, ``tool_use``, ``rag``). With several, a chat whose tools reach the
-   template (an empty list, or tools among its variables: :func:`~sidecar.admission.conversation.
-   rendered_tools`) gets ``tool_use`` where there is one, any other chat ``default``; without a ``default``
-   vLLM has no template and answers 400 (the sidecar estimates, and vLLM answers).
+   template (an empty list, or tools among its variables: :func:`rendered_tools`) gets ``tool_use`` where
+   there is one, any other chat ``default``; without a ``default`` vLLM has no template and answers 400
+   (the sidecar estimates, and vLLM answers).
 
 Not modelled: vLLM's fallback templates for a few model types that have none
 (``transformers_utils/chat_templates``: BLIP-2, PaliGemma, SigLIP, ...). Without one, chats are estimated;
