@@ -170,7 +170,8 @@ class SidecarApp:
     def _load_counter(self, model: str | None) -> TokenCounter:
         """The model's token counter, told how vLLM renders chats; a log line says what is exact."""
         counter = load_counter(model, self.options.chat)
-        self.log.info("prompt_counts", **counts_described(counter))
+        self.controller.audit.counting = counts_described(counter)  # /status says it too
+        self.log.info("prompt_counts", **self.controller.audit.counting)
         return counter
 
     def _pool(self) -> PoolView | None:

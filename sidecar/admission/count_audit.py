@@ -60,6 +60,8 @@ class CountAudit:
     """Each key whose counts disagreed: its first count and vLLM's."""
     recounts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RECOUNT_RESULTS, 0))
     """What came of the prompts vLLM was asked to count before a refusal, by result (module docstring)."""
+    counting: dict[str, object] = field(default_factory=dict)
+    """How prompts are counted (``tokens.counts_described``): set when the counter is loaded."""
 
     def trusts(self, key: Key) -> bool:
         """Whether exact counts on ``key`` may refuse a request."""

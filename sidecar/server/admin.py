@@ -79,6 +79,7 @@ def admission_document(controller: AdmissionController, fallback: str | None = N
         "output_bounds": controller.planner.outputs.bounds(),
         "media_token_bounds": controller.planner.media.lengths.bounds(),  # prompt tokens per media item
         "prompt_count_checks": {  # exact counts against vLLM's usage and /tokenize (count_audit.py)
+            "counting": controller.audit.counting,  # tokenizer or estimate, what is exact, vLLM's mode
             **controller.audit.checks,
             "recounts": controller.audit.recounts,  # too-long prompts counted by vLLM first (recount.py)
             "distrusted": [

@@ -6,6 +6,9 @@ sidecar estimates text prompts without a tokenizer: 1,100 words are far over the
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 from tests.fake_vllm import FakeVllm
@@ -18,6 +21,7 @@ from tests.integration.test_proxy import (  # noqa: F401 - the autouse fixtures 
     post,
     status,
 )
+from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
 LONG_TEXT = "hello " * 1100
 
@@ -74,3 +78,26 @@ async def test_without_an_answer_the_estimate_is_forwarded_as_before(fake_vllm: 
         assert await _recounts(running) == {"refused": 0, "served": 0, "unanswered": 1}
     finally:
         await running.app.stop()
+
+
+async def test_status_says_how_prompts_are_counted(
+    fake_vllm: FakeVllm,
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``/status`` names the counter, what it counts exactly and vLLM's tokenizer mode (tokenizer_mode.py)."""
+    folder = tmp_path / "deepseek-v3.2"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, folder / name)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["DeepseekV32ForCausalLM"]}))
+    for model, counting in (
+        (str(folder), {"counter": "tokenizer", "texts_exact": True, "chats_exact": False,
+                       "tokenizer_mode": "deepseek_v32"}),
+        (None, {"counter": "estimate", "texts_exact": False, "chats_exact": False, "tokenizer_mode": None}),
+    ):  # fmt: skip
+        running = await start_sidecar(fake_vllm.url, proxy=True, tokenizer_model=model)
+        try:
+            assert (await status(running))["admission"]["prompt_count_checks"]["counting"] == counting
+        finally:
+            await running.app.stop()
