@@ -205,11 +205,15 @@ class TokenizerCounter:
         return self.tokens(text, special=special)
 
 
-def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCounter:
+def load_counter(
+    model: str | None, chat: EngineChat | None = None, *, config: Path | None = None
+) -> TokenCounter:
     """The tokenizer's counter when ``model`` is a folder with ``tokenizer.json`` (and tokenizers installed).
 
     ``chat``: how vLLM was told to render chats (its template, content format, tools for ``"none"``, its
     tokenizer mode); the counter is exact where vLLM's tokenizer mode uses that tokenizer and template.
+    ``config``: the folder of the served model's ``config.json``, whose architecture can choose vLLM's
+    tokenizer mode, when ``model`` is another folder (vLLM's ``--tokenizer``); else ``model``'s own.
     """
     if model:
         path = Path(model).expanduser()
@@ -217,12 +221,14 @@ def load_counter(model: str | None, chat: EngineChat | None = None) -> TokenCoun
         candidate = directory / "tokenizer.json"
         if path.exists() and candidate.is_file():
             try:
-                config = json.loads((directory / "config.json").read_text())
+                architecture = json.loads(((config or directory) / "config.json").read_text())
             except (OSError, ValueError):
-                config = {}
+                architecture = {}
             told = (chat or EngineChat()).tokenizer_mode
             files = [entry.name for entry in directory.iterdir()]
-            tokenizing = EngineTokenizing.of(told, config if isinstance(config, dict) else {}, files)
+            tokenizing = EngineTokenizing.of(
+                told, architecture if isinstance(architecture, dict) else {}, files
+            )
             try:
                 return TokenizerCounter(candidate, ChatTemplates.load(directory, chat), tokenizing)
             except ConfigError:

@@ -8,17 +8,19 @@ index); never weights. The exact parameter count comes from the weights' safeten
 vLLM has cached them, else from the Hub's safetensors metadata (one small request), else from the
 config.
 
-:func:`hub_snapshot` is blocking I/O: ``kv-sidecar run`` calls it in a worker thread.
+:func:`tokenizer_folder` finds vLLM's ``--tokenizer`` repository the same way. Both are blocking I/O:
+``kv-sidecar run`` calls them in a worker thread.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.errors import ModelUnavailableError
+from sidecar.errors import ConfigError, ModelUnavailableError
 
 PLANNING_FILES = (
     "config.json",
@@ -58,23 +60,49 @@ def _offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def _cached(repo_id: str, revision: str | None, cache_dir: Path | None) -> Path | None:
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "config.json",
+    "tekken.json",
+    "tokenizer.model.v*",
+)
+"""The files of vLLM's ``--tokenizer`` repository the sidecar counts with (and its tokenizer mode reads)."""
+
+
+def _has_config(folder: Path) -> bool:
+    return (folder / "config.json").is_file()
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+
+
+def _cached(
+    repo_id: str, revision: str | None, cache_dir: Path | None, files: tuple[str, ...] = PLANNING_FILES,
+    usable: Callable[[Path], bool] = _has_config,
+) -> Path | None:  # fmt: skip
     from huggingface_hub import snapshot_download  # noqa: PLC0415
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError  # noqa: PLC0415
 
     try:
         folder = snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True,
-            allow_patterns=list(PLANNING_FILES),
-        )  # fmt: skip
+            repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True, allow_patterns=list(files)
+        )
     except (LocalEntryNotFoundError, HFValidationError, OSError):
         return None
     path = Path(str(folder))
-    return path if (path / "config.json").is_file() else None
+    return path if usable(path) else None
 
 
-def _downloaded(repo_id: str, revision: str | None, cache_dir: Path | None) -> HubSnapshot:
-    from huggingface_hub import HfApi, snapshot_download  # noqa: PLC0415
+def _download(repo_id: str, revision: str | None, cache_dir: Path | None, files: tuple[str, ...]) -> Path:
+    """``files`` of the repository downloaded into the cache; one line saying what to do when it fails."""
+    from huggingface_hub import snapshot_download  # noqa: PLC0415
     from huggingface_hub.errors import (  # noqa: PLC0415
         GatedRepoError,
         HfHubHTTPError,
@@ -83,11 +111,9 @@ def _downloaded(repo_id: str, revision: str | None, cache_dir: Path | None) -> H
     )
 
     try:
-        folder = Path(
+        return Path(
             str(
-                snapshot_download(
-                    repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=list(PLANNING_FILES)
-                )
+                snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=list(files))
             )
         )
     except GatedRepoError:
@@ -102,16 +128,49 @@ def _downloaded(repo_id: str, revision: str | None, cache_dir: Path | None) -> H
         raise ModelUnavailableError(f"{repo_id} has no revision {revision!r}") from None
     except (HfHubHTTPError, OSError) as exc:
         raise ModelUnavailableError(
-            f"cannot download {repo_id}'s config.json ({type(exc).__name__}): "
+            f"cannot download {repo_id}'s files ({type(exc).__name__}): "
             "mount the HF cache vLLM uses, or check the network"
         ) from None
-    if not (folder / "config.json").is_file():
+
+
+def _downloaded(repo_id: str, revision: str | None, cache_dir: Path | None) -> HubSnapshot:
+    from huggingface_hub import HfApi  # noqa: PLC0415
+
+    folder = _download(repo_id, revision, cache_dir, PLANNING_FILES)
+    if not _has_config(folder):
         raise ModelUnavailableError(f"{repo_id} has no config.json: is it a transformers model?")
     try:
         metadata = HfApi().get_safetensors_metadata(repo_id, revision=revision)
     except Exception:  # noqa: BLE001 - the count is optional: the config's arithmetic stands in
         metadata = None
     return HubSnapshot(repo_id, revision, folder, "hub", metadata)
+
+
+def _not_cached(repo_id: str, cache_dir: Path | None) -> ModelUnavailableError:
+    where = str(cache_dir) if cache_dir else "the HF cache (HF_HOME / HF_HUB_CACHE)"
+    return ModelUnavailableError(
+        f"{repo_id} is not in {where} and HF_HUB_OFFLINE is set: "
+        "mount the cache vLLM downloads into, or allow downloads"
+    )
+
+
+def tokenizer_folder(
+    repo_id: str, revision: str | None = None, *, cache_dir: Path | None = None, offline: bool | None = None
+) -> Path:
+    """The tokenizer files of vLLM's ``--tokenizer`` repository: the HF cache, else the Hub unless offline.
+
+    vLLM downloads every file of that repository but the weights (``resolve_tokenizer_args``); the sidecar
+    needs :data:`TOKENIZER_FILES`. Raises :class:`~sidecar.errors.ModelUnavailableError` with one line.
+    """
+    folder = _cached(repo_id, revision, cache_dir, TOKENIZER_FILES, _has_tokenizer)
+    if folder is not None:
+        return folder
+    if _offline() if offline is None else offline:
+        raise _not_cached(repo_id, cache_dir)
+    folder = _download(repo_id, revision, cache_dir, TOKENIZER_FILES)
+    if not _has_tokenizer(folder):
+        raise ModelUnavailableError(f"{repo_id} has no tokenizer.json or tokenizer_config.json")
+    return folder
 
 
 def hub_snapshot(
@@ -125,9 +184,20 @@ def hub_snapshot(
     if folder is not None:
         return HubSnapshot(repo_id, revision, folder, "hf-cache")
     if _offline() if offline is None else offline:
-        where = str(cache_dir) if cache_dir else "the HF cache (HF_HOME / HF_HUB_CACHE)"
-        raise ModelUnavailableError(
-            f"{repo_id} is not in {where} and HF_HUB_OFFLINE is set: "
-            "mount the cache vLLM downloads into, or allow downloads"
-        )
+        raise _not_cached(repo_id, cache_dir)
     return _downloaded(repo_id, revision, cache_dir)
+
+
+def resolve_tokenizer(
+    text: str, revision: str | None = None, *, cache_dir: Path | None = None, offline: bool | None = None
+) -> Path:
+    """Resolve vLLM's ``--tokenizer``: a folder (or a file in one), else a Hub id (:func:`tokenizer_folder`).
+
+    Raises :class:`~sidecar.errors.ConfigError` (or its ``ModelUnavailableError``) with one line.
+    """
+    path = Path(text).expanduser()
+    if path.exists():
+        return path if path.is_dir() else path.parent
+    if not looks_like_hub_id(text):
+        raise ConfigError(f"--tokenizer {text!r} is not a folder and not a Hugging Face id (org/name)")
+    return tokenizer_folder(text.strip(), revision, cache_dir=cache_dir, offline=offline)
