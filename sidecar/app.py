@@ -20,6 +20,8 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,7 +36,7 @@ from sidecar.admission.geometry import PoolView
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureDetector, PressureSettings, PressureState, Staleness
 from sidecar.admission.retry import clamp_retry_after
-from sidecar.admission.tokens import TokenCounter, counts_described, load_counter
+from sidecar.admission.tokens import TokenCounter
 from sidecar.budget.catalog import ResolvedModel
 from sidecar.late import LateResolver
 from sidecar.monitor.diagnose import MonitorSettings
@@ -45,6 +47,7 @@ from sidecar.monitor.pool import admission_pool
 from sidecar.monitor.scraper import EngineScraper, ScrapeSettings
 from sidecar.server.admin import build_admin_app, fallback_reason
 from sidecar.server.connection import HeadDeadline, ScrapePage, head_middleware, serve_guarded
+from sidecar.server.counting import CountingFiles, PromptCounting, count_disagrees
 from sidecar.server.gateway import CONTENT_TYPE as GATEWAY_CONTENT_TYPE
 from sidecar.server.gateway import GatewayPage, current_load
 from sidecar.server.lifecycle import Lifecycle
@@ -85,7 +88,8 @@ class RunOptions:
     pressure: PressureSettings = field(default_factory=PressureSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
     limits: ClientLimits = field(default_factory=ClientLimits)
-    tokenizer_model: str | None = None
+    tokenizer_model: str | None = None  # the folder prompts are counted with: --model's
+    tokenizer: CountingFiles | None = None  # vLLM's separate --tokenizer: counted with it instead
     chat: EngineChat = field(default_factory=EngineChat)  # how vLLM was told to render chats
     admin_token: str | None = None
     model_retry: float = MODEL_RETRY_SECONDS
@@ -106,6 +110,7 @@ class SidecarApp:
         counter: TokenCounter | None = None,
         resolve_model: Callable[[], ResolvedModel] | None = None,
         model_error: str | None = None,
+        resolve_tokenizer: Callable[[], Path] | None = None,
     ) -> None:
         self.options = options
         self.log = log
@@ -115,9 +120,13 @@ class SidecarApp:
         self.monitor.gpu.enabled = options.nvml
         self.monitor.model_error = model_error
         self._pool_cache: tuple[object, object, PoolView | None] | None = None
+        files = options.tokenizer or CountingFiles(options.tokenizer_model)
         self.late = LateResolver(
-            self.monitor, log, interval=options.model_retry, clock=clock, on_model=self._model_resolved,
+            self.monitor, log, interval=options.model_retry, clock=clock,
+            on_model=lambda resolved: self._recount(model=resolved.directory),
             resolve_model=resolve_model if model_error is not None else None,
+            resolve_tokenizer=resolve_tokenizer,
+            on_tokenizer=lambda folder: self._recount(tokenizer=folder), tokenizer_problem=files.problem,
         )  # fmt: skip
         self.lifecycle = Lifecycle(staleness=options.staleness)
         self.registry.register(MonitorCollector(self.monitor, clock))
@@ -138,9 +147,10 @@ class SidecarApp:
             on_policy=self._on_policy,
             max_num_seqs=lambda: inputs.max_num_seqs,
             scrape_soon=self._scrape_soon,
-            on_count_mismatch=self._on_count_mismatch,
+            on_count_mismatch=partial(count_disagrees, log),
         )
         self.registry.register(AdmissionCollector(self.controller))
+        self.counting = PromptCounting(files, options.chat, self.controller.audit, log)
         gateway = GatewayCollector(lambda: current_load(self.controller, self._engine_snapshot))
         self.registry.register(gateway)
         self.proxy: Proxy | None = None
@@ -149,7 +159,7 @@ class SidecarApp:
             self.proxy = Proxy(
                 ProxySettings(upstream=options.upstream, limits=options.limits),
                 self.controller,
-                counter or self._load_counter(options.tokenizer_model),
+                counter or self.counting.load(),
                 ProxyMetrics(self.registry),
                 self.lifecycle,
                 log,
@@ -166,13 +176,6 @@ class SidecarApp:
         self.connection_metrics = ConnectionMetrics(self.registry)
         self.admin_port: int | None = None
         self.proxy_port: int | None = None
-
-    def _load_counter(self, model: str | None) -> TokenCounter:
-        """The model's token counter, told how vLLM renders chats; a log line says what is exact."""
-        counter = load_counter(model, self.options.chat)
-        self.controller.audit.counting = counts_described(counter)  # /status says it too
-        self.log.info("prompt_counts", **self.controller.audit.counting)
-        return counter
 
     def _pool(self) -> PoolView | None:
         """The KV pool admission plans against: the engine's blocks, else the prediction's.
@@ -205,12 +208,6 @@ class SidecarApp:
         else:
             why = fallback_reason(self.monitor)  # the reason /status gives, from the same place
             self.log.warning("admission_policy", policy=policy.value, requested=requested.value, why=why)
-
-    def _on_count_mismatch(self, key: tuple[str, str], counted: int, reported: int) -> None:
-        self.log.warning(
-            "prompt_count_disagrees", route=key[0], model=key[1], counted=counted, vllm=reported,
-            advice="give the sidecar vLLM's tokenizer and chat template (until then vLLM's counts refuse)",
-        )  # fmt: skip
 
     def _kv_samples(self) -> list[tuple[float, float]]:
         return [(o.at, o.kv_usage) for o in self.monitor.history.observations() if o.kv_usage is not None]
@@ -331,10 +328,10 @@ class SidecarApp:
             proxy=f"{self.options.listen[0]}:{self.proxy_port}" if self.proxy else None,
         )
 
-    async def _model_resolved(self, resolved: ResolvedModel) -> None:
-        """``--model`` resolved late: count tokens with its tokenizer from now on."""
-        if self.proxy is not None and resolved.directory is not None:
-            self.proxy.counter = await asyncio.to_thread(self._load_counter, str(resolved.directory))
+    async def _recount(self, *, model: Path | None = None, tokenizer: Path | None = None) -> None:
+        """``--model`` or vLLM's ``--tokenizer`` resolved late: count with what it names from now on."""
+        if self.proxy is not None and (model or tokenizer) is not None:
+            self.proxy.counter = await self.counting.reload(model=model, tokenizer=tokenizer)
 
     async def drain(self) -> bool:
         """Stop taking work and wait for in-flight responses; ``True`` when all ended in time."""

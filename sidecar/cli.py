@@ -237,6 +237,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sidecar.admission.pressure import PressureSettings  # noqa: PLC0415
     from sidecar.app import RunOptions, SidecarApp  # noqa: PLC0415
     from sidecar.logs import make_logger  # noqa: PLC0415
+    from sidecar.server.counting import separate_tokenizer  # noqa: PLC0415
     from sidecar.settings import ClientLimits  # noqa: PLC0415
 
     if args.release_threshold > args.pressure_threshold:
@@ -245,6 +246,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--listen and --admin-listen must differ: admin endpoints have their own port")
     resolved, model_error = resolve_run_model(args)
     inputs = plan_inputs_from_args(args, resolved)
+    folder = resolved.directory if resolved else None
+    tokenizer, resolve_later = separate_tokenizer(
+        args.tokenizer, args.tokenizer_revision or args.revision, folder
+    )
     options = RunOptions(
         upstream=args.upstream,
         admin_listen=args.admin_listen,
@@ -283,6 +288,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             upstream_timeout=args.upstream_timeout,
         ),
         tokenizer_model=str(resolved.directory) if resolved and resolved.directory else args.model,
+        tokenizer=tokenizer,
         chat=EngineChat(
             template=read_chat_template(args.chat_template) if args.chat_template else None,
             content_format=args.chat_template_content_format,
@@ -300,6 +306,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         make_logger(level=args.log_level),
         resolve_model=lambda: resolve_model_source(args.model, args.revision),
         model_error=model_error,
+        resolve_tokenizer=resolve_later,
     )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

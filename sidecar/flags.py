@@ -289,6 +289,12 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     add(
+        "--tokenizer",
+        help="vLLM's --tokenizer (a folder or Hugging Face id): prompts are counted with its tokenizer and "
+        "templates, from the HF cache as --model (default: --model's)",
+    )
+    add("--tokenizer-revision", help="vLLM's --tokenizer-revision (default: --revision, as vLLM)")
+    add(
         "--queue-max-entries",
         type=parse_positive_int,
         default=default_of(queue, "max_entries"),

@@ -1,8 +1,9 @@
-"""What ``run`` resolves after it has started: ``--model``, and a speculative drafter's model.
+"""What ``run`` resolves after it has started: ``--model``, vLLM's ``--tokenizer`` and a drafter's model.
 
-vLLM downloads the model, and the drafter named in ``--speculative-config``, into the HF cache while the
-sidecar already serves. Until the model resolves the sidecar proxies without a prediction; until the drafter
-does, it predicts without the drafter's share and says why in the plan's notes. :class:`LateResolver` tries
+vLLM downloads the model, its ``--tokenizer`` and the drafter named in ``--speculative-config`` into the HF
+cache while the sidecar already serves. Until the model resolves the sidecar proxies without a prediction;
+until the tokenizer does, it counts prompts by estimate; until the drafter does, it predicts without the
+drafter's share and says why in the plan's notes. :class:`LateResolver` tries
 each again every ``--model-retry`` seconds, in a thread (resolving reads files and may download), says each
 new reason once, and hands what it found to the monitor, which predicts with it from its next refresh.
 """
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 from structlog.typing import FilteringBoundLogger
@@ -36,7 +38,7 @@ def drafter_or_raise(spec: SpeculativeSettings) -> SpeculativeSettings:
 
 
 class LateResolver:
-    """Background tasks that resolve ``--model`` and a drafter once the HF cache has them."""
+    """Background tasks that resolve ``--model``, ``--tokenizer`` and a drafter once the HF cache has them."""
 
     def __init__(
         self,
@@ -47,17 +49,27 @@ class LateResolver:
         clock: Callable[[], float],
         resolve_model: Callable[[], ResolvedModel] | None,
         on_model: Callable[[ResolvedModel], Awaitable[None]],
+        resolve_tokenizer: Callable[[], Path] | None = None,
+        on_tokenizer: Callable[[Path], Awaitable[None]] | None = None,
+        tokenizer_problem: str | None = None,
     ) -> None:
         self.monitor, self.log, self.interval, self.clock = monitor, log, interval, clock
         self._resolve_model, self._on_model = resolve_model, on_model
+        self._resolve_tokenizer, self._on_tokenizer = resolve_tokenizer, on_tokenizer
+        self._tokenizer_problem = tokenizer_problem
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        """Start a task for each of the model and the drafter that did not resolve at start-up."""
+        """Start a task for each of the model, tokenizer and drafter that did not resolve at start-up."""
         model = self.monitor.inputs.model
         if self._resolve_model is not None:
             self.log.warning("model_unresolved", model=model, reason=self.monitor.model_error)
             self.tasks.append(asyncio.create_task(self._model(self._resolve_model), name="kv-model"))
+        if self._resolve_tokenizer is not None:
+            self.log.warning("tokenizer_unresolved", reason=self._tokenizer_problem)
+            self.tasks.append(
+                asyncio.create_task(self._tokenizer(self._resolve_tokenizer), name="kv-tokenizer")
+            )
         spec = self.monitor.inputs.speculative
         if spec is not None and spec.drafter_problem is not None:
             self.log.warning("drafter_unresolved", model=spec.model, reason=spec.drafter_problem)
@@ -102,3 +114,16 @@ class LateResolver:
         self.monitor.set_speculative(resolved)
         self.log.info("drafter_resolved", model=spec.model, method=resolved.method)
         self.monitor.refresh(self.clock())
+
+    async def _tokenizer(self, resolve: Callable[[], Path]) -> None:
+        said = [self._tokenizer_problem]
+
+        def failed(reason: str) -> None:
+            if reason not in said:
+                self.log.warning("tokenizer_unresolved", reason=reason)
+                said.append(reason)
+
+        folder = await self._until_resolved(resolve, failed)
+        if self._on_tokenizer is not None:
+            await self._on_tokenizer(folder)
+        self.log.info("tokenizer_resolved", folder=str(folder))
