@@ -59,7 +59,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                         "streamInterval": 4,
                         "enablePrefixCaching": True,
                         "extraArgs": ["--enable-chunked-prefill", "--exclude-tools-when-tool-choice-none",
-                                      "--tokenizer-mode", "mistral"]},
+                                      "--tokenizer-mode", "mistral", "--tokenizer", "acme/tiny-tokenizer",
+                                      "--tokenizer-revision", "v2"]},
                "sidecar": {"gpuMemory": "24GiB", "nvml": {"enabled": True},
                            "admission": {"onPressure": "reject", "mode": "token-budget", "longPromptTokens": 8192}}},
     "chat-template": {"vllm": {"chatTemplate": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
@@ -170,7 +171,8 @@ def test_vllm_args_and_sidecar_flags_agree(name: str) -> None:
                  "--enable-expert-parallel", "--max-num-batched-tokens", "--block-size", "--stream-interval",
                  "--enable-lora", "--max-loras", "--max-lora-rank", "--fully-sharded-loras", "--cpu-offload-gb",
                  "--speculative-config", "--exclude-tools-when-tool-choice-none", "--chat-template",
-                 "--chat-template-content-format", "--default-chat-template-kwargs", "--tokenizer-mode"):  # fmt: skip
+                 "--chat-template-content-format", "--default-chat-template-kwargs", "--tokenizer-mode",
+                 "--tokenizer", "--tokenizer-revision"):  # fmt: skip
         assert vllm.get(flag) == sidecar.get(flag), flag
     assert sidecar["--model"] == vllm["--model"]
     assert sidecar["--upstream"] == f"http://127.0.0.1:{pods['vllm']['ports'][0]['containerPort']}"
@@ -503,3 +505,19 @@ def test_the_sidecar_is_told_vllms_tokenizer_mode(extra: list[str]) -> None:
     pods = containers(render({"vllm": {"extraArgs": extra}}))
     args = build_parser().parse_args(pods["kv-sidecar"]["args"])
     assert args.tokenizer_mode == ("auto" if extra == ["--tokenizer-mode"] else "deepseek_v32")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--tokenizer", "acme/tok", "--tokenizer-revision", "v2"],
+        ["--tokenizer=acme/tok", "--tokenizer-revision=v2"],
+        ["--tokenizer-revision", "v2", "--tokenizer", "acme/tok"],
+    ],
+)
+def test_the_sidecar_counts_with_vllms_separate_tokenizer(extra: list[str]) -> None:
+    """vLLM's ``--tokenizer`` and ``--tokenizer-revision`` in ``vllm.extraArgs`` reach the sidecar, either spelling."""
+    pods = containers(render({"vllm": {"extraArgs": extra}}))
+    args = build_parser().parse_args(pods["kv-sidecar"]["args"])
+    assert (args.tokenizer, args.tokenizer_revision) == ("acme/tok", "v2")
+    assert args.tokenizer_mode == "auto"  # "--tokenizer" is not "--tokenizer-mode", nor its prefix

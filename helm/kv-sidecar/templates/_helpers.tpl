@@ -204,11 +204,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --exclude-tools-when-tool-choice-none
 {{- end }}
 {{- range $index, $arg := $extraArgs }}
-{{- if and (eq (toString $arg) "--tokenizer-mode") (lt (add1 $index) (len $extraArgs)) }}
-- --tokenizer-mode
+{{- range $flag := list "--tokenizer" "--tokenizer-mode" "--tokenizer-revision" }}
+{{- if and (eq (toString $arg) $flag) (lt (add1 $index) (len $extraArgs)) }}
+- {{ $flag }}
 - {{ index $extraArgs (add1 $index) | quote }}
-{{- else if hasPrefix "--tokenizer-mode=" (toString $arg) }}
+{{- else if hasPrefix (printf "%s=" $flag) (toString $arg) }}
 - {{ $arg | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- with (include "kv-sidecar.weightDtype" .) }}
