@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.admission.tokenizer_mode import MISTRAL_TOKENIZER_FILES  # a leaf module: its rule's files
 from sidecar.errors import ConfigError, ModelUnavailableError
 
-PLANNING_FILES = (
-    "config.json",
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
@@ -31,9 +31,13 @@ PLANNING_FILES = (
     "additional_chat_templates/*.jinja",
     "processor_config.json",
     "preprocessor_config.json",
-    "model.safetensors.index.json",
+    *MISTRAL_TOKENIZER_FILES,
 )
-"""The files fetched for planning: small JSON and text, never weights."""
+"""The files prompts are counted with: the tokenizer, its chat templates, a processor's template, and the
+Mistral tokenizers whose presence makes vLLM use mistral_common (``resolve_tokenizer_args``)."""
+
+PLANNING_FILES = ("config.json", *TOKENIZER_FILES, "model.safetensors.index.json")
+"""The files fetched for planning and counting: small JSON and text, never weights."""
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -58,21 +62,6 @@ def _offline() -> bool:
     from huggingface_hub import constants  # noqa: PLC0415 - imported when a Hub id is used
 
     return bool(constants.HF_HUB_OFFLINE)
-
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "additional_chat_templates/*.jinja",
-    "processor_config.json",
-    "preprocessor_config.json",
-    "config.json",
-    "tekken.json",
-    "tokenizer.model.v*",
-)
-"""The files of vLLM's ``--tokenizer`` repository the sidecar counts with (and its tokenizer mode reads)."""
 
 
 def _has_config(folder: Path) -> bool:
