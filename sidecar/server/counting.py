@@ -111,5 +111,5 @@ def count_disagrees(log: FilteringBoundLogger, key: tuple[str, str], counted: in
     """Log that vLLM's usage disagrees with an exact count of a route and model (the audit's callback)."""
     log.warning(
         "prompt_count_disagrees", route=key[0], model=key[1], counted=counted, vllm=reported,
-        advice="give the sidecar vLLM's tokenizer and chat template (until then vLLM's counts refuse)",
+        advice="tell the sidecar vLLM's --tokenizer and chat flags (until then vLLM's counts refuse)",
     )  # fmt: skip
