@@ -148,8 +148,9 @@ def tokenizer_folder(
 ) -> Path:
     """The tokenizer files of vLLM's ``--tokenizer`` repository: the HF cache, else the Hub unless offline.
 
-    vLLM downloads every file of that repository but the weights (``resolve_tokenizer_args``); the sidecar
-    needs :data:`TOKENIZER_FILES`. Raises :class:`~sidecar.errors.ModelUnavailableError` with one line.
+    vLLM fetches that repository's tokenizer files into the same cache as it loads the tokenizer (with
+    transformers, or mistral_common); the sidecar needs :data:`TOKENIZER_FILES`. Raises
+    :class:`~sidecar.errors.ModelUnavailableError` with one line.
     """
     folder = _cached(repo_id, revision, cache_dir, TOKENIZER_FILES, _has_tokenizer)
     if folder is not None:
