@@ -102,27 +102,26 @@ class LateResolver:
         self.log.info("model_resolved", model=self.monitor.inputs.model, source=resolved.source)
         self.monitor.refresh(self.clock())
 
-    async def _drafter(self, spec: SpeculativeSettings) -> None:
-        said = [spec.drafter_problem]
+    def _each_new_reason(self, event: str, first: str | None, **fields: object) -> Callable[[str], None]:
+        """A failure callback that logs ``event`` for each reason not said before (``first`` was)."""
+        said = [first]
 
         def failed(reason: str) -> None:
             if reason not in said:
-                self.log.warning("drafter_unresolved", model=spec.model, reason=reason)
+                self.log.warning(event, reason=reason, **fields)
                 said.append(reason)
 
+        return failed
+
+    async def _drafter(self, spec: SpeculativeSettings) -> None:
+        failed = self._each_new_reason("drafter_unresolved", spec.drafter_problem, model=spec.model)
         resolved = await self._until_resolved(partial(drafter_or_raise, spec), failed)
         self.monitor.set_speculative(resolved)
         self.log.info("drafter_resolved", model=spec.model, method=resolved.method)
         self.monitor.refresh(self.clock())
 
     async def _tokenizer(self, resolve: Callable[[], Path]) -> None:
-        said = [self._tokenizer_problem]
-
-        def failed(reason: str) -> None:
-            if reason not in said:
-                self.log.warning("tokenizer_unresolved", reason=reason)
-                said.append(reason)
-
+        failed = self._each_new_reason("tokenizer_unresolved", self._tokenizer_problem)
         folder = await self._until_resolved(resolve, failed)
         if self._on_tokenizer is not None:
             await self._on_tokenizer(folder)
