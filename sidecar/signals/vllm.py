@@ -113,16 +113,11 @@ def merge_light(full: EngineSnapshot, light: EngineSnapshot) -> EngineSnapshot |
 
 def label_int(value: str | float | None) -> int | None:
     """An integer from a label string or a sample value; ``None`` for none, "None", junk, NaN or infinity."""
-    if value is None or value in {"", "None"}:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return int(number) if math.isfinite(number) else None
+    number = _label_float(value)
+    return None if number is None else int(number)
 
 
-def _label_float(value: str | None) -> float | None:
+def _label_float(value: str | float | None) -> float | None:
     if value is None or value in {"", "None"}:
         return None
     try:
