@@ -157,7 +157,7 @@ class SidecarApp:
         self._gateway_page = GatewayPage(gateway, self._engine_page)
         if options.proxy:
             self.proxy = Proxy(
-                ProxySettings(upstream=options.upstream, limits=options.limits),
+                ProxySettings(upstream=options.upstream, limits=options.limits, chat=options.chat),
                 self.controller,
                 counter or self.counting.load(),
                 ProxyMetrics(self.registry),

@@ -295,6 +295,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
             default_template_kwargs=args.default_chat_template_kwargs or {},
             tokenizer_mode=args.tokenizer_mode,
+            reasoning_effort_map=args.reasoning_effort_map or {},
         ),
         admin_token=args.admin_token or None,
         model_retry=args.model_retry,

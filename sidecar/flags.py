@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sidecar.admission.conversation import CONTENT_FORMATS, EngineChat
+from sidecar.admission.conversation import CONTENT_FORMATS, REASONING_EFFORTS, EngineChat
 from sidecar.admission.decide import AdmissionConfig, AdmissionMode, OnPressure
 from sidecar.admission.outputs import OutputSettings
 from sidecar.admission.pressure import PressureSettings, Staleness
@@ -129,17 +129,31 @@ def read_chat_template(value: str) -> str:
     )
 
 
-def json_object(text: str) -> dict[str, Any]:
+def json_object(text: str, example: str = '{"enable_thinking": false}') -> dict[str, Any]:
     """``--default-chat-template-kwargs``: a JSON object, as vLLM reads it (``json.loads``)."""
     try:
         value = json.loads(text)
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise UsageError(
-            f"{text!r} is not a JSON object: write it as vLLM takes it, e.g. '{{\"enable_thinking\": false}}'"
-        )
+        raise UsageError(f"{text!r} is not a JSON object: write it as vLLM takes it, e.g. '{example}'")
     return value
+
+
+def effort_map(text: str) -> dict[str, str]:
+    """``--reasoning-effort-map``: a JSON object from efforts to strings, checked as vLLM checks it.
+
+    ``validate_reasoning_effort_map`` (``entrypoints/common/cli_args.py``, 0.33.0 and 0.34.0).
+    """
+    example = '{"medium": "low"}'
+    given = json_object(text, example)
+    if not all(isinstance(value, str) for value in given.values()):
+        raise UsageError(f"{text!r} maps an effort to something other than a string: write e.g. '{example}'")
+    if unknown := sorted(set(given) - set(REASONING_EFFORTS)):
+        raise UsageError(
+            f"--reasoning-effort-map has unknown efforts {unknown}: keys are {', '.join(REASONING_EFFORTS)}"
+        )
+    return given
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -275,6 +289,11 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
         "--default-chat-template-kwargs",
         type=json_object,
         help="vLLM's --default-chat-template-kwargs (JSON): template variables a request does not set",
+    )
+    add(
+        "--reasoning-effort-map",
+        type=effort_map,
+        help="vLLM's --reasoning-effort-map (JSON, vLLM 0.33+): efforts rewritten before rendering",
     )
     add(
         "--exclude-tools-when-tool-choice-none",

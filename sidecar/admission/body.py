@@ -6,7 +6,7 @@ is ``max_tokens``, default 16. ``/v1/chat/completions``: the messages rendered t
 own chat template when the counter can (exact), else every message's text plus
 :data:`CHAT_MESSAGE_OVERHEAD` template tokens (an estimate); output is ``max_completion_tokens``,
 else ``max_tokens``, else ``None`` ("up to the context length", vLLM's default). ``/v1/responses``:
-``input`` like a chat, output ``max_output_tokens``.
+``input`` like a chat (the fields vLLM derives from it: ``as_rendered``), output ``max_output_tokens``.
 
 Numbers and booleans are coerced the way vLLM's pydantic request models coerce them in lax mode
 (``"8"``, ``8.0`` and ``true`` are the integer 8, 8 and 1; ``2.5`` and ``"abc"`` are refused),
@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
-from sidecar.admission.conversation import content_texts, template_kwargs
+from sidecar.admission.conversation import as_rendered, content_texts, template_kwargs
 from sidecar.admission.outcomes import Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter, media_parts
 
@@ -342,11 +342,12 @@ def request_facts(
     tenant: str = "",
     priority: int | None = None,
     wait_limit: float | None = None,
+    effort_map: Mapping[str, str] | None = None,
 ) -> RequestFacts:
     """The admission facts of a decoded generation request to ``path``.
 
     ``tenant``, ``priority`` (the header's, which wins over the body's) and ``wait_limit`` come from the
-    request's headers: given here, the facts are built once.
+    request's headers: given here, the facts are built once. ``effort_map``: ``--reasoning-effort-map``'s.
     """
     ids: list[tuple[int, ...]] | None
     media, openai = 0, not path.endswith(MESSAGES_ROUTE)  # Anthropic's API has no n, priority, ignore_eos ...
@@ -354,18 +355,16 @@ def request_facts(
         counts, ids, media = _anthropic_prompt(body, counter)
         exact, output = False, _optional_int(body, "max_tokens")  # a near count: never a 400 (anthropic.py)
     elif path.endswith(("/chat/completions", BATCH_CHAT_SUFFIX, "/responses")):
-        counts, ids, exact, media = _chat_request(path, body, counter)
+        counts, ids, exact, media = _chat_request(path, as_rendered(path, body, effort_map or {}), counter)
         if path.endswith("/responses"):
             output = _optional_int(body, "max_output_tokens")
         else:
-            output = _optional_int(body, "max_completion_tokens")
-            if output is None:
-                output = _optional_int(body, "max_tokens")
+            completion = _optional_int(body, "max_completion_tokens")
+            output = completion if completion is not None else _optional_int(body, "max_tokens")
     else:
         counts, ids, exact, media = _completion_prompts(body, counter)
-        output = _optional_int(body, "max_tokens")
-        if output is None:
-            output = COMPLETIONS_DEFAULT_MAX_TOKENS
+        given = _optional_int(body, "max_tokens")
+        output = given if given is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     if not openai:  # the fields below are not the Anthropic request's: vLLM ignores them there
         body = {k: v for k, v in body.items() if k in ("model", "stream", "cache_salt")}
     choices = max(1, _optional_int(body, "n") or 1)  # best_of is gone in vLLM 0.32: an unknown field, ignored

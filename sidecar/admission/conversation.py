@@ -60,6 +60,61 @@ class EngineChat:
     tokenizer_mode: str = "auto"
     """``--tokenizer-mode``: modes other than ``hf`` may tokenize or render with vLLM's own code
     (:mod:`sidecar.admission.tokenizer_mode`)."""
+    reasoning_effort_map: Mapping[str, str] = field(default_factory=dict)
+    """``--reasoning-effort-map`` (vLLM 0.33.0 and later): a request's reasoning effort rewritten before the
+    template sees it (:func:`mapped_effort`)."""
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+"""The efforts a request may name (``ReasoningEffort``, ``vllm/renderers/params.py`` in 0.33.0 and 0.34.0; the
+chat request's ``reasoning_effort`` literal in 0.32.0): the keys ``--reasoning-effort-map`` may have."""
+
+
+def mapped_effort(effort: Any, effort_map: Mapping[str, str]) -> Any:
+    """An effort the map names, mapped (``map_reasoning_effort``, ``renderers/params.py``, 0.33.0, 0.34.0)."""
+    if effort is None or not effort_map:
+        return effort
+    return effort_map.get(effort, effort) if isinstance(effort, str) else effort
+
+
+def responses_chat_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat fields vLLM derives from a Responses request (``ResponsesRequest.build_chat_params``, 0.32.0).
+
+    ``reasoning.effort`` is the template's ``reasoning_effort``; the final message is continued, with no
+    generation prompt, when the last input item is a message or reasoning item whose ``status`` is
+    ``in_progress`` or ``incomplete`` (``should_continue_final_message``, ``responses/utils.py``). The
+    Responses request has no ``documents``, ``reasoning_effort``, ``continue_final_message`` or
+    ``add_generation_prompt`` fields: a client's are ignored, as vLLM ignores them.
+    """
+    reasoning = body.get("reasoning")
+    items = body.get("input")
+    last = items[-1] if isinstance(items, list) and items else None
+    continued = (
+        isinstance(last, dict)
+        and last.get("type", "message") in ("message", "reasoning")
+        and last.get("status") in ("in_progress", "incomplete")
+    )
+    return {
+        "reasoning_effort": reasoning.get("effort") if isinstance(reasoning, dict) else None,
+        "continue_final_message": continued,
+        "add_generation_prompt": not continued,
+        "documents": None,
+        "chat_template": None,  # the server's template: the Responses request cannot bring its own
+    }
+
+
+def as_rendered(route: str, body: dict[str, Any], effort_map: Mapping[str, str]) -> dict[str, Any]:
+    """``body`` with the chat fields vLLM renders its prompt with, as vLLM derives them from the request.
+
+    A Responses request's come from :func:`responses_chat_fields`; the reasoning effort is rewritten by
+    ``effort_map`` (``--reasoning-effort-map``, vLLM 0.33.0 and later) before ``enable_thinking`` follows
+    from it (:func:`template_kwargs`). The body sent to vLLM is never this one: it only counts the prompt.
+    """
+    fields = responses_chat_fields(body) if route.endswith("/responses") else {}
+    effort = fields.get("reasoning_effort", body.get("reasoning_effort"))
+    if effort is not None and effort_map:
+        fields["reasoning_effort"] = mapped_effort(effort, effort_map)
+    return {**body, **fields} if fields else body
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -247,7 +302,8 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
     The client's ``chat_template_kwargs``, overridden by the request's own fields that are set:
     ``continue_final_message``, ``documents``, ``reasoning_effort`` (and, with it, ``enable_thinking``
-    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them.
+    unless the client set that), as ``merge_kwargs`` (``renderers/params.py``) merges them. A Responses
+    request, or an effort ``--reasoning-effort-map`` rewrites, is read through :func:`as_rendered` first.
     """
     given = body.get("chat_template_kwargs")  # the request's own booleans (defaults too) win over copies
     user = {k: v for k, v in given.items() if k not in REQUEST_BOOLEANS} if isinstance(given, dict) else {}

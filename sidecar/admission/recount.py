@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.admission.body import BATCH_CHAT_SUFFIX, RequestFacts
-from sidecar.admission.conversation import EngineChat, reasoning_renamed, template_kwargs
+from sidecar.admission.conversation import EngineChat, as_rendered, reasoning_renamed, template_kwargs
 
 CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
@@ -87,7 +87,7 @@ def tokenize_bodies(
     if not all(isinstance(messages, list) for messages in asked.values()):
         return None
     common = {key: body[key] for key in CHAT_FIELDS if body.get(key) is not None}
-    if variables := template_kwargs(body):  # a null stays null, as the chat route passes it
+    if variables := template_kwargs(as_rendered(route, body, chat.reasoning_effort_map)):  # null stays null
         common["chat_template_kwargs"] = variables
     excluded = chat.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none"
     if body.get("tools") is not None and not excluded:

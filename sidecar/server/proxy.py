@@ -29,6 +29,7 @@ from structlog.typing import FilteringBoundLogger
 from sidecar.admission.anthropic import MESSAGES_ROUTE
 from sidecar.admission.body import RequestFacts, decode_json_body, request_facts
 from sidecar.admission.controller import AdmissionController, Ticket
+from sidecar.admission.conversation import EngineChat
 from sidecar.admission.outcomes import AdmissionError, Lane, Outcome, Reason, RefusedError
 from sidecar.admission.tokens import TokenCounter
 from sidecar.errors import KvSidecarError
@@ -60,6 +61,7 @@ class ProxySettings:
 
     upstream: str
     limits: ClientLimits = field(default_factory=ClientLimits)
+    chat: EngineChat = field(default_factory=EngineChat)  # vLLM's chat flags: how its prompts are rendered
 
 
 class _BodyTooLargeError(Exception):
@@ -263,8 +265,9 @@ class Proxy:
         def facts_of() -> RequestFacts:
             decoded = decode_json_body(body)
             return request_facts(
-                path, decoded, self.counter, tenant=tenant, priority=priority, wait_limit=limit
-            )
+                path, decoded, self.counter, tenant=tenant, priority=priority, wait_limit=limit,
+                effort_map=self.settings.chat.reasoning_effort_map,
+            )  # fmt: skip
 
         threshold = OFFLOAD_EXACT_BODY_BYTES if self.counter.exact else OFFLOAD_BODY_BYTES
         facts = facts_of() if len(body) < threshold else await asyncio.to_thread(facts_of)

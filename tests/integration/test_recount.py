@@ -101,3 +101,32 @@ async def test_status_says_how_prompts_are_counted(
             assert (await status(running))["admission"]["prompt_count_checks"]["counting"] == counting
         finally:
             await running.app.stop()
+
+
+async def test_the_proxy_counts_the_effort_vllms_reasoning_effort_map_renders(
+    fake_vllm: FakeVllm,
+    model_dir: Path,  # noqa: F811
+) -> None:
+    """``--reasoning-effort-map`` reaches the proxy's counts: a chat whose effort the map rewrites is counted
+    as vLLM renders it (short here), not as sent (over the context: asked of /tokenize, then refused)."""
+    from sidecar.admission.conversation import EngineChat  # noqa: PLC0415
+
+    template = (
+        "{% if reasoning_effort == 'none' %}" + "hello " * 1100 + "{% endif %}{{ messages[0]['content'] }}"
+    )
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "q"}], "max_tokens": 4}
+    for mapping, answer, asked in (({"none": "low"}, 200, 0), ({}, 400, 1)):
+        fake_vllm.state.tokenize_bodies.clear()
+        running = await start_sidecar(
+            fake_vllm.url, proxy=True, tokenizer_model=str(model_dir),
+            chat=EngineChat(template=template, reasoning_effort_map=mapping),
+        )  # fmt: skip
+        try:
+            await eventually(lambda running=running: _max_model_len_known(running))
+            code, _, body = await post(
+                running.proxy, "", path="/v1/chat/completions", reasoning_effort="none", **chat
+            )
+            assert code == answer, (mapping, body)  # unmapped: the fake answers /tokenize 404, so the exact
+            assert len(fake_vllm.state.tokenize_bodies) == asked, mapping  # count of 5,501 refuses
+        finally:
+            await running.app.stop()

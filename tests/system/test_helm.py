@@ -521,3 +521,13 @@ def test_the_sidecar_counts_with_vllms_separate_tokenizer(extra: list[str]) -> N
     args = build_parser().parse_args(pods["kv-sidecar"]["args"])
     assert (args.tokenizer, args.tokenizer_revision) == ("acme/tok", "v2")
     assert args.tokenizer_mode == "auto"  # "--tokenizer" is not "--tokenizer-mode", nor its prefix
+
+
+@pytest.mark.parametrize(
+    "extra", [["--reasoning-effort-map", '{"medium": "low"}'], ['--reasoning-effort-map={"medium": "low"}']]
+)
+def test_the_sidecar_maps_reasoning_efforts_as_vllm_is_told(extra: list[str]) -> None:
+    """vLLM's ``--reasoning-effort-map`` (0.33+) in ``vllm.extraArgs`` reaches the sidecar, either spelling."""
+    pods = containers(render({"vllm": {"extraArgs": extra}}))
+    args = build_parser().parse_args(pods["kv-sidecar"]["args"])
+    assert args.reasoning_effort_map == {"medium": "low"}

@@ -204,7 +204,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - --exclude-tools-when-tool-choice-none
 {{- end }}
 {{- range $index, $arg := $extraArgs }}
-{{- range $flag := list "--tokenizer" "--tokenizer-mode" "--tokenizer-revision" }}
+{{- range $flag := list "--tokenizer" "--tokenizer-mode" "--tokenizer-revision" "--reasoning-effort-map" }}
 {{- if and (eq (toString $arg) $flag) (lt (add1 $index) (len $extraArgs)) }}
 - {{ $flag }}
 - {{ index $extraArgs (add1 $index) | quote }}
