@@ -83,8 +83,11 @@ def responses_chat_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     ``reasoning.effort`` is the template's ``reasoning_effort``; the final message is continued, with no
     generation prompt, when the last input item is a message or reasoning item whose ``status`` is
     ``in_progress`` or ``incomplete`` (``should_continue_final_message``, ``responses/utils.py``). The
-    Responses request has no ``documents``, ``reasoning_effort``, ``continue_final_message`` or
-    ``add_generation_prompt`` fields: a client's are ignored, as vLLM ignores them.
+    Responses request has no ``documents``, ``reasoning_effort``, ``continue_final_message``,
+    ``add_generation_prompt``, ``chat_template`` or ``add_special_tokens`` fields: a client's are ignored, as
+    vLLM ignores them, and its rendered prompt is tokenized with special tokens (``build_tok_params`` passes
+    none, so ``TokenizeParams``' default, true, holds: a tokenizer that adds a BOS adds it here, unlike the
+    chat route; checked on the real server, 19 tokens where the same chat has 18).
     """
     reasoning = body.get("reasoning")
     items = body.get("input")
@@ -100,6 +103,7 @@ def responses_chat_fields(body: Mapping[str, Any]) -> dict[str, Any]:
         "add_generation_prompt": not continued,
         "documents": None,
         "chat_template": None,  # the server's template: the Responses request cannot bring its own
+        "add_special_tokens": True,  # build_tok_params leaves TokenizeParams' default: a BOS is added
     }
 
 

@@ -2,8 +2,9 @@
 
 A completion's text prompt is tokenized with the tokenizer's post-processor (``CompletionRequest.
 add_special_tokens`` defaults to true: a Llama-3 prompt gains ``<|begin_of_text|>``); a chat's rendered
-template is not (``ChatCompletionRequest.add_special_tokens`` defaults to false); token ids are taken as
-given. The sidecar never added them, so its exact count of a completion was one short on such tokenizers.
+template is not (``ChatCompletionRequest.add_special_tokens`` defaults to false), a Responses request's is
+(``ResponsesRequest.build_tok_params`` keeps ``TokenizeParams``' default, true); token ids are taken as given.
+The sidecar never added them, so its exact count of a completion was one short on such tokenizers.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def bos_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
             {"messages": [{"role": "user", "content": TEXT}], "add_special_tokens": True},
             1,
         ),
+        ("/v1/responses", {"input": TEXT}, 1),  # build_tok_params leaves TokenizeParams' default, true
+        ("/v1/responses", {"input": TEXT, "add_special_tokens": False}, 1),  # not a Responses field
     ],
 )
 def test_special_tokens_are_added_where_vllm_adds_them(
