@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from sidecar.admission.anthropic import MESSAGES_ROUTE, chat_messages
 from sidecar.admission.conversation import as_rendered, content_texts, template_kwargs
 from sidecar.admission.outcomes import Reason, RefusedError
+from sidecar.admission.responses_input import responses_prompt
 from sidecar.admission.tokens import TokenCounter, media_parts
 
 T = TypeVar("T")
@@ -190,9 +191,8 @@ def _chat_request(
 ) -> tuple[list[int], list[tuple[int, ...]] | None, bool, int]:
     """A chat, a batch of chats or a Responses request: its prompts as vLLM builds their messages.
 
-    The Responses API's ``instructions`` lead as a system message, and a stored conversation it is told
-    to continue (``previous_response_id``, ``previous_input_messages``) is prepended, unseen here: one
-    item the planner learns from usage (``construct_input_messages``, ``responses/utils.py``).
+    A Responses request's: :mod:`~sidecar.admission.responses_input`; a stored conversation it continues
+    (``previous_response_id``, ``previous_input_messages``) is one unseen item, learned from usage.
     """
     param = "input" if path.endswith("/responses") else "messages"
     if param not in body:
@@ -200,13 +200,14 @@ def _chat_request(
     conversations = body[param] if path.endswith(BATCH_CHAT_SUFFIX) else [body[param]]
     if not isinstance(conversations, list) or not conversations:  # the batch route's: one per prompt
         raise _invalid(f"'{param}' must be a non-empty list of conversations", param)
-    chats = [_messages(c, param) for c in conversations]
-    if param == "input" and isinstance(instructions := body.get("instructions"), str) and instructions:
-        chats = [[{"role": "system", "content": instructions}, *chats[0]]]
+    chats, known = [_messages(c, param) for c in conversations], True
+    if param == "input":
+        messages, known = responses_prompt(body, chats[0])
+        chats = [messages]
     counts, ids, exact, media = _chat_prompts(body, chats, counter)
     if param == "input" and (body.get("previous_response_id") or body.get("previous_input_messages")):
         return counts, None, False, media + 1
-    return counts, ids, exact, media
+    return (counts, ids, exact, media) if known else (counts, None, False, media)
 
 
 def _anthropic_prompt(

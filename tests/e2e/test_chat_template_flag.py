@@ -213,6 +213,17 @@ async def test_vllms_tokenize_counts_a_chat_as_its_chat_route_builds_it(
     }
 
 
+RESPONSES_USER = {"role": "user", "content": "weather in Paris?"}
+RESPONSES_CALL = {
+    "type": "function_call",
+    "call_id": "call_1",
+    "name": "weather",
+    "arguments": '{"city": "Paris"}',
+}
+RESPONSES_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21C"}
+RESPONSES_THOUGHT = {
+    "type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "call it"}],
+}  # fmt: skip
 RESPONSES_INPUTS: dict[str, dict[str, Any]] = {
     "plain": {"input": "hi"},
     "reasoning effort none (thinking off)": {"input": "hi", "reasoning": {"effort": "none"}},
@@ -221,6 +232,17 @@ RESPONSES_INPUTS: dict[str, dict[str, Any]] = {
     },
     "the chat route's fields, which the Responses route ignores": {
         "input": "hi", "reasoning_effort": "none", "add_generation_prompt": False,
+    },
+    "a call and its output": {"input": [RESPONSES_USER, RESPONSES_CALL, RESPONSES_OUTPUT]},
+    "two calls merged into one message": {
+        "input": [RESPONSES_USER, RESPONSES_CALL, {**RESPONSES_CALL, "call_id": "call_2"}, RESPONSES_OUTPUT,
+                  {**RESPONSES_OUTPUT, "call_id": "call_2"}],
+    },
+    "a whole turn: reasoning, a call, its output, the answer, a question": {
+        "input": [RESPONSES_USER, RESPONSES_THOUGHT, RESPONSES_CALL, RESPONSES_OUTPUT,
+                  {"type": "message", "role": "assistant", "id": "msg_2", "status": "completed",
+                   "content": [{"type": "output_text", "text": "It is sunny.", "annotations": []}]},
+                  {"role": "user", "content": "and tomorrow?"}],
     },
     "an unfinished answer, continued": {
         "input": [{"role": "user", "content": "q"},
@@ -234,8 +256,9 @@ async def test_a_responses_request_counts_as_vllm_renders_it(
     qwen3_server: VllmServer, tiny_model: Path, qwen3_template: Path
 ) -> None:
     """``ResponsesRequest.build_chat_params``: ``reasoning.effort`` is the template's effort (thinking off for
-    none), an in-progress final answer is continued, the chat route's own fields are ignored. The sidecar
-    counted the chat route's fields on both routes (18 for vLLM's 35, 50 for 39, 35 for 18)."""
+    none), an in-progress final answer is continued, the chat route's own fields are ignored; the items become
+    chat messages (``construct_chat_messages_with_tool_call``). The sidecar counted the chat route's fields on
+    both routes (18 for vLLM's 35, 50 for 39, 35 for 18) and the items as given (29 for 138, 29 for 231)."""
     counter = load_counter(str(tiny_model), EngineChat(template=read_chat_template(str(qwen3_template))))
     disagree, counts = [], set()
     async with aiohttp.ClientSession() as session:
