@@ -41,6 +41,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.admission.responses_input import responses_chat_fields
+
 CONTENT_FORMATS = ("auto", "string", "openai")
 """vLLM's ``--chat-template-content-format`` (``auto``: told by the template, ``_detect_content_format``)."""
 
@@ -77,42 +79,13 @@ def mapped_effort(effort: Any, effort_map: Mapping[str, str]) -> Any:
     return effort_map.get(effort, effort) if isinstance(effort, str) else effort
 
 
-def responses_chat_fields(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat fields vLLM derives from a Responses request (``ResponsesRequest.build_chat_params``, 0.32.0).
-
-    ``reasoning.effort`` is the template's ``reasoning_effort``; the final message is continued, with no
-    generation prompt, when the last input item is a message or reasoning item whose ``status`` is
-    ``in_progress`` or ``incomplete`` (``should_continue_final_message``, ``responses/utils.py``). The
-    Responses request has no ``documents``, ``reasoning_effort``, ``continue_final_message``,
-    ``add_generation_prompt``, ``chat_template`` or ``add_special_tokens`` fields: a client's are ignored, as
-    vLLM ignores them, and its rendered prompt is tokenized with special tokens (``build_tok_params`` passes
-    none, so ``TokenizeParams``' default, true, holds: a tokenizer that adds a BOS adds it here, unlike the
-    chat route; checked on the real server, 19 tokens where the same chat has 18).
-    """
-    reasoning = body.get("reasoning")
-    items = body.get("input")
-    last = items[-1] if isinstance(items, list) and items else None
-    continued = (
-        isinstance(last, dict)
-        and last.get("type", "message") in ("message", "reasoning")
-        and last.get("status") in ("in_progress", "incomplete")
-    )
-    return {
-        "reasoning_effort": reasoning.get("effort") if isinstance(reasoning, dict) else None,
-        "continue_final_message": continued,
-        "add_generation_prompt": not continued,
-        "documents": None,
-        "chat_template": None,  # the server's template: the Responses request cannot bring its own
-        "add_special_tokens": True,  # build_tok_params leaves TokenizeParams' default: a BOS is added
-    }
-
-
 def as_rendered(route: str, body: dict[str, Any], effort_map: Mapping[str, str]) -> dict[str, Any]:
     """``body`` with the chat fields vLLM renders its prompt with, as vLLM derives them from the request.
 
-    A Responses request's come from :func:`responses_chat_fields`; the reasoning effort is rewritten by
-    ``effort_map`` (``--reasoning-effort-map``, vLLM 0.33.0 and later) before ``enable_thinking`` follows
-    from it (:func:`template_kwargs`). The body sent to vLLM is never this one: it only counts the prompt.
+    A Responses request's come from :func:`~sidecar.admission.responses_input.responses_chat_fields`; the
+    reasoning effort is rewritten by ``effort_map`` (``--reasoning-effort-map``, vLLM 0.33.0 and later)
+    before ``enable_thinking`` follows from it (:func:`template_kwargs`). The body sent to vLLM is never
+    this one: it only counts the prompt.
     """
     fields = responses_chat_fields(body) if route.endswith("/responses") else {}
     effort = fields.get("reasoning_effort", body.get("reasoning_effort"))

@@ -29,7 +29,8 @@ which vLLM 0.32 refuses or fails on; here they are estimates too.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 CALL_ITEMS = frozenset({"function_call", "custom_tool_call"})
 OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
@@ -141,3 +142,87 @@ def responses_prompt(body: dict[str, Any], items: list[dict[str, Any]]) -> tuple
     if isinstance(instructions := body.get("instructions"), str) and instructions:
         messages = [{"role": "system", "content": instructions}, *messages]
     return messages, known
+
+
+CUSTOM_TOOL_PARAMETERS: Final = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The freeform text payload for this tool."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+"""The single-string function a ``custom`` tool is shown as (``custom_tool_parameters``, ``tool_parsers``)."""
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """A Responses request's ``tools`` as the chat tools vLLM hands the template (``construct_tool_dicts``).
+
+    Function tools as they are, a namespace's functions named ``namespace__name``, a ``custom`` tool as a
+    function taking one string, in request order; other tool types (web search, MCP, ...) are never shown to
+    the model (``get_function_tools``, ``tool_parsers/utils.py``). No tools: ``None``. Each becomes
+    ``{"type": "function", "function": ...}``, which the chat route's dump then shapes
+    (:func:`~sidecar.admission.conversation.template_tools`). What vLLM would refuse raises ``ValueError``.
+    """
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise ValueError("vLLM refuses tools that are not a list of objects")
+    functions: list[dict[str, Any]] = []
+    for tool in tools:
+        kind = tool.get("type")
+        if kind == "function":
+            functions.append(tool)
+        elif kind == "namespace":
+            inner, namespace = tool.get("tools"), tool.get("name")
+            if not isinstance(inner, list) or not isinstance(namespace, str) or "description" not in tool:
+                raise ValueError("vLLM refuses a namespace tool without a name, a description and its tools")
+            functions.extend(
+                {**member, "name": f"{namespace}{NAMESPACE_SEPARATOR}{member.get('name')}"}
+                for member in inner
+                if isinstance(member, dict) and member.get("type") == "function"
+            )
+        elif kind == "custom":
+            shim = {"name": tool.get("name"), "description": tool.get("description")}
+            functions.append(shim | {"parameters": CUSTOM_TOOL_PARAMETERS})
+    return [{"type": "function", "function": {k: v for k, v in f.items() if k != "type"}} for f in functions]
+
+
+def responses_chat_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat fields vLLM derives from a Responses request (``ResponsesRequest.build_chat_params``, 0.32.0).
+
+    ``reasoning.effort`` is the template's ``reasoning_effort``; the final message is continued, with no
+    generation prompt, when the last input item is a message or reasoning item whose ``status`` is
+    ``in_progress`` or ``incomplete`` (``should_continue_final_message``, ``responses/utils.py``). The
+    Responses request has no ``documents``, ``reasoning_effort``, ``continue_final_message``,
+    ``add_generation_prompt``, ``chat_template`` or ``add_special_tokens`` fields: a client's are ignored, as
+    vLLM ignores them, and its rendered prompt is tokenized with special tokens (``build_tok_params`` passes
+    none, so ``TokenizeParams``' default, true, holds: a tokenizer that adds a BOS adds it here, unlike the
+    chat route; checked on the real server, 19 tokens where the same chat has 18).
+    """
+    reasoning = body.get("reasoning")
+    items = body.get("input")
+    last = items[-1] if isinstance(items, list) and items else None
+    continued = (
+        isinstance(last, dict)
+        and last.get("type", "message") in ("message", "reasoning")
+        and last.get("status") in ("in_progress", "incomplete")
+    )
+    return {
+        "reasoning_effort": reasoning.get("effort") if isinstance(reasoning, dict) else None,
+        "continue_final_message": continued,
+        "add_generation_prompt": not continued,
+        "documents": None,
+        "chat_template": None,  # the server's template: the Responses request cannot bring its own
+        "add_special_tokens": True,  # build_tok_params leaves TokenizeParams' default: a BOS is added
+        "tools": _chat_tools(body.get("tools")),
+    }
+
+
+def _chat_tools(tools: Any) -> Any:
+    """The Responses tools as chat tools (:func:`chat_tools`), or as sent where vLLM refuses them.
+
+    The chat route's dump then refuses them too, so the prompt is estimated.
+    """
+    try:
+        return chat_tools(tools)
+    except ValueError:
+        return tools

@@ -224,6 +224,10 @@ RESPONSES_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output
 RESPONSES_THOUGHT = {
     "type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "call it"}],
 }  # fmt: skip
+RESPONSES_FUNCTION = {
+    "type": "function", "name": "weather", "description": "today's weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}  # fmt: skip
 RESPONSES_INPUTS: dict[str, dict[str, Any]] = {
     "plain": {"input": "hi"},
     "reasoning effort none (thinking off)": {"input": "hi", "reasoning": {"effort": "none"}},
@@ -244,6 +248,15 @@ RESPONSES_INPUTS: dict[str, dict[str, Any]] = {
                    "content": [{"type": "output_text", "text": "It is sunny.", "annotations": []}]},
                   {"role": "user", "content": "and tomorrow?"}],
     },
+    "tools: a function, a namespace, a custom tool and a web search": {
+        "input": [RESPONSES_USER],
+        "tools": [RESPONSES_FUNCTION, {"type": "namespace", "name": "geo", "description": "maps", "tools": [RESPONSES_FUNCTION]},
+                  {"type": "custom", "name": "shell", "description": "run it"}, {"type": "web_search"}],
+    },
+    "an agent's turn with its tools": {
+        "input": [RESPONSES_USER, RESPONSES_THOUGHT, RESPONSES_CALL, RESPONSES_OUTPUT],
+        "tools": [{**RESPONSES_FUNCTION, "strict": True}],
+    },
     "an unfinished answer, continued": {
         "input": [{"role": "user", "content": "q"},
                   {"type": "message", "role": "assistant", "status": "in_progress", "id": "msg_1",
@@ -258,7 +271,8 @@ async def test_a_responses_request_counts_as_vllm_renders_it(
     """``ResponsesRequest.build_chat_params``: ``reasoning.effort`` is the template's effort (thinking off for
     none), an in-progress final answer is continued, the chat route's own fields are ignored; the items become
     chat messages (``construct_chat_messages_with_tool_call``). The sidecar counted the chat route's fields on
-    both routes (18 for vLLM's 35, 50 for 39, 35 for 18) and the items as given (29 for 138, 29 for 231)."""
+    both routes (18 for vLLM's 35, 50 for 39, 35 for 18) and the items as given (29 for 138, 29 for 231), and
+    estimated every request with tools."""
     counter = load_counter(str(tiny_model), EngineChat(template=read_chat_template(str(qwen3_template))))
     disagree, counts = [], set()
     async with aiohttp.ClientSession() as session:

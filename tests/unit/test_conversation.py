@@ -292,13 +292,36 @@ def test_the_template_vllm_is_told_replaces_the_models(tmp_path: Path, model_dir
     assert request_facts("/v1/chat/completions", body, load_counter(str(model_dir))).prompts[0] > expected
 
 
-def test_responses_tools_are_estimated(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
-    """vLLM flattens Responses tools (namespaces too) into chat tools; not rebuilt here, so never exact."""
+def test_responses_tools_render_as_the_chat_tools_vllm_makes_of_them(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    """``construct_tool_dicts``: functions as chat tools, a namespace's named ``namespace__name``, a custom tool
+    as a one-string function, other types dropped (they were estimated here until 2026-12-07)."""
     counter = load_counter(str(_tool_model(tmp_path, model_dir)))
-    tools = [{"type": "function", "name": "weather", "parameters": {"type": "object"}}]
-    facts = request_facts("/v1/responses", {"input": "the KV cache", "tools": tools}, counter)
-    assert not facts.exact
-    assert request_facts("/v1/responses", {"input": "the KV cache"}, counter).exact
+    weather = {"name": "weather", "parameters": {"type": "object"}}
+    tools = [
+        {"type": "function", **weather},
+        {
+            "type": "namespace",
+            "name": "geo",
+            "description": "maps",
+            "tools": [{"type": "function", **weather}],
+        },
+        {"type": "web_search"},
+    ]
+    chat_tools = [
+        {"type": "function", "function": weather},
+        {"type": "function", "function": {**weather, "name": "geo__weather"}},
+    ]
+    responses = request_facts("/v1/responses", {"input": "the KV cache", "tools": tools}, counter)
+    chat = request_facts(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "the KV cache"}], "tools": chat_tools},
+        counter,
+    )
+    assert (responses.prompts, responses.exact) == (chat.prompts, True)
+    refused = request_facts(
+        "/v1/responses", {"input": "the KV cache", "tools": [{"type": "function"}]}, counter
+    )
+    assert not refused.exact  # a function without a name: vLLM refuses it, the sidecar estimates
 
 
 @pytest.mark.parametrize(

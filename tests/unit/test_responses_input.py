@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sidecar.admission.body import request_facts
-from sidecar.admission.responses_input import chat_messages
+from sidecar.admission.responses_input import CUSTOM_TOOL_PARAMETERS, chat_messages, chat_tools
 from sidecar.admission.tokens import load_counter
 from tests.unit.test_body_parity import model_dir  # noqa: F401 - the fixture
 
@@ -112,3 +112,37 @@ def test_a_tool_calling_input_counts_as_its_chat(model_dir: Path) -> None:  # no
         "/v1/responses", {"input": [USER, {"type": "web_search_call", "id": "w1"}]}, counter
     )
     assert (refused.exact, refused.prompt_ids) == (False, None)  # estimated: vLLM answers it
+
+
+@pytest.mark.parametrize(
+    ("tools", "dumped"),
+    [
+        (None, None),
+        ([], None),  # construct_tool_dicts: no tools, none rendered
+        ([{"type": "web_search"}], []),  # never shown to the model, but the list is there
+        ([{"type": "function", "name": "f", "strict": True}], [{"type": "function", "function": {"name": "f", "strict": True}}]),
+        (
+            [{"type": "namespace", "name": "geo", "description": "d", "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]}],
+            [{"type": "function", "function": {"name": "geo__f"}}],
+        ),
+        (
+            [{"type": "custom", "name": "sh", "description": "run"}],
+            [{"type": "function", "function": {"name": "sh", "description": "run", "parameters": CUSTOM_TOOL_PARAMETERS}}],
+        ),
+    ],
+)  # fmt: skip
+def test_tools_become_the_chat_tools_vllm_renders(tools: Any, dumped: Any) -> None:
+    assert chat_tools(tools) == dumped
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        {"type": "function"},
+        ["f"],
+        [{"type": "namespace", "name": "geo", "tools": []}],
+    ],  # no description: refused
+)
+def test_tools_vllm_refuses_raise(tools: Any) -> None:
+    with pytest.raises(ValueError, match=r"refuses|namespace"):
+        chat_tools(tools)
