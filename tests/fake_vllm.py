@@ -213,6 +213,7 @@ def build_fake_vllm(state: FakeVllmState) -> web.Application:  # noqa: PLR0915 -
     app.router.add_get("/health", health)
     app.router.add_post("/v1/completions", generate)
     app.router.add_post("/v1/chat/completions", generate)
+    app.router.add_post("/v1/responses", generate)  # a chat-shaped answer: enough for the proxy
     app.router.add_post("/tokenize", tokenize)
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     return app

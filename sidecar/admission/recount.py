@@ -26,12 +26,16 @@ What the tokenize request carries (:func:`tokenize_bodies`), checked in 0.32.0's
   builds (``ChatCompletionRequest.build_chat_params`` adds ``documents``, ``reasoning_effort`` and
   ``enable_thinking``, which ``TokenizeChatRequest`` has no field for:
   :func:`~sidecar.admission.conversation.template_kwargs`); each conversation of the batch route on its own;
-* a completion: each text prompt of the batch on its own, with ``add_special_tokens`` (vLLM's default true).
+* a completion: each text prompt of the batch on its own, with ``add_special_tokens`` (vLLM's default true);
+* a Responses request: as the chat its route renders (``render_responses``, ``online_renderer.py``): the
+  messages, tools and variables it builds (:mod:`sidecar.admission.responses_input`), and
+  ``add_special_tokens`` true, as that route tokenizes; not one continuing a stored conversation
+  (``previous_response_id``), whose stored part is not in the body.
 
 Not asked, so judged as before (the sidecar's count, trusted until an answer disagrees): token-id prompts
 (their length is vLLM's), prompts vLLM truncates (``truncate_prompt_tokens``, the Responses route's
 ``truncation``), chats with media (vLLM would fetch and process them again), a completion's ``suffix`` or
-``prompt_embeds``, the Responses and Anthropic routes (``/tokenize`` takes neither), and a chat the sidecar
+``prompt_embeds``, the Anthropic route (``/tokenize`` does not take it), and a chat the sidecar
 cannot render as vLLM does (no tokenizer or template, or gpt-oss, which vLLM renders with Harmony, not the
 template ``/tokenize`` renders). Only Kimi K3's renderer reads ``tool_choice`` and ``response_format``
 (``renderers/kimi_k3.py``), which ``/tokenize`` lacks: its count can only come out lower than the chat
@@ -46,8 +50,10 @@ from typing import Any
 
 from sidecar.admission.body import BATCH_CHAT_SUFFIX, RequestFacts
 from sidecar.admission.conversation import EngineChat, as_rendered, reasoning_renamed, template_kwargs
+from sidecar.admission.responses_input import responses_prompt
 
 CHAT_ROUTE = "/v1/chat/completions"
+RESPONSES_ROUTE = "/v1/responses"
 COMPLETIONS_ROUTE = "/v1/completions"
 CHAT_FIELDS = (
     "model", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
@@ -65,7 +71,7 @@ def suspects(facts: RequestFacts, max_model_len: int | None, *, chats_exact: boo
         return ()
     if facts.max_output_tokens is not None and facts.max_output_tokens > max_model_len:
         return ()  # refused from the body alone, whatever the prompt
-    chat = facts.route == CHAT_ROUTE or facts.route.endswith(BATCH_CHAT_SUFFIX)
+    chat = facts.route in {CHAT_ROUTE, RESPONSES_ROUTE} or facts.route.endswith(BATCH_CHAT_SUFFIX)
     if not (chat and chats_exact) and facts.route != COMPLETIONS_ROUTE:
         return ()
     return tuple(index for index, count in enumerate(facts.prompts) if count >= max_model_len)
@@ -80,6 +86,8 @@ def tokenize_bodies(
     """
     if route == COMPLETIONS_ROUTE:
         return _completion_asks(body, indexes)
+    if route == RESPONSES_ROUTE:
+        return _responses_asks(body, chat) if indexes == (0,) else None
     conversations = body.get("messages") if route.endswith(BATCH_CHAT_SUFFIX) else [body.get("messages")]
     if not isinstance(conversations, list) or any(index >= len(conversations) for index in indexes):
         return None
@@ -93,6 +101,31 @@ def tokenize_bodies(
     if body.get("tools") is not None and not excluded:
         common["tools"] = body["tools"]
     return {index: {**common, "messages": [reasoning_renamed(m) for m in ms]} for index, ms in asked.items()}
+
+
+def _responses_asks(body: dict[str, Any], chat: EngineChat) -> dict[int, dict[str, Any]] | None:
+    """The Responses prompt as the chat ``/tokenize`` renders it.
+
+    The messages, tools and variables the Responses route builds (:mod:`sidecar.admission.responses_input`),
+    tokenized with special tokens as that route tokenizes them.
+    """
+    items = body.get("input")
+    stored = body.get("previous_response_id") or body.get("previous_input_messages")
+    if not isinstance(items, str | list) or stored:
+        return None  # a stored conversation vLLM prepends is not in the body: no count of the whole
+    rendered = as_rendered(RESPONSES_ROUTE, body, chat.reasoning_effort_map)
+    asked = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    messages, known = responses_prompt(body, asked)
+    if not known:
+        return None
+    fields = ("model", "add_generation_prompt", "continue_final_message", "add_special_tokens")
+    ask: dict[str, Any] = {key: rendered[key] for key in fields if rendered.get(key) is not None}
+    if variables := template_kwargs(rendered):
+        ask["chat_template_kwargs"] = variables
+    excluded = chat.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none"
+    if rendered.get("tools") is not None and not excluded:
+        ask["tools"] = rendered["tools"]
+    return {0: {**ask, "messages": [reasoning_renamed(m) for m in messages]}}
 
 
 def _completion_asks(body: dict[str, Any], indexes: tuple[int, ...]) -> dict[int, dict[str, Any]] | None:

@@ -63,7 +63,7 @@ def _message(item: Any, previous: dict[str, Any] | None) -> dict[str, Any] | Non
     if item.get("role") == "assistant" and (text := _assistant_text(item)) is not None:
         return _merged(assistant, "content", text)
     if "role" in item:
-        return item
+        return dict(item)  # a copy: a later item may merge into it, and the request stays as sent
     raise ValueError(f"vLLM refuses an input item of type {kind!r}")
 
 

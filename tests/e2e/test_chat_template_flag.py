@@ -272,9 +272,10 @@ async def test_a_responses_request_counts_as_vllm_renders_it(
     none), an in-progress final answer is continued, the chat route's own fields are ignored; the items become
     chat messages (``construct_chat_messages_with_tool_call``). The sidecar counted the chat route's fields on
     both routes (18 for vLLM's 35, 50 for 39, 35 for 18) and the items as given (29 for 138, 29 for 231), and
-    estimated every request with tools."""
+    estimated every request with tools. What the sidecar asks ``/tokenize`` before a refusal for length
+    (``recount.py``) counts the same: the Responses route's prompt rebuilt as a chat."""
     counter = load_counter(str(tiny_model), EngineChat(template=read_chat_template(str(qwen3_template))))
-    disagree, counts = [], set()
+    disagree, recount_disagree, counts = [], [], set()
     async with aiohttp.ClientSession() as session:
         for name, extra in RESPONSES_INPUTS.items():
             body = {"model": "tiny", "max_output_tokens": 1, **extra}
@@ -285,5 +286,12 @@ async def test_a_responses_request_counts_as_vllm_renders_it(
             counts.add(served)
             if not facts.exact or facts.prompts != (served,):
                 disagree.append((name, facts.prompts, served))
+            asks = tokenize_bodies("/v1/responses", body, EngineChat(), (0,))
+            assert asks is not None, name
+            async with session.post(qwen3_server.url + "/tokenize", json=asks[0]) as response:
+                assert response.status == 200, (name, await response.text())
+                if (count := (await response.json())["count"]) != served:
+                    recount_disagree.append((name, count, served))
     assert not disagree
+    assert not recount_disagree
     assert len(counts) >= 3  # the cases render differently: they test something

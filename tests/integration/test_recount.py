@@ -130,3 +130,25 @@ async def test_the_proxy_counts_the_effort_vllms_reasoning_effort_map_renders(
             assert len(fake_vllm.state.tokenize_bodies) == asked, mapping  # count of 5,501 refuses
         finally:
             await running.app.stop()
+
+
+async def test_a_responses_prompt_is_recounted_as_the_chat_its_route_renders(
+    fake_vllm: FakeVllm,
+    model_dir: Path,  # noqa: F811
+) -> None:
+    """An exact Responses count over the context is asked of ``/tokenize`` as a chat; vLLM's count decides."""
+    fake_vllm.state.tokenize_count = 1000
+    running = await start_sidecar(fake_vllm.url, proxy=True, tokenizer_model=str(model_dir))
+    try:
+        await eventually(lambda: _max_model_len_known(running))
+        body = {"input": LONG_TEXT, "instructions": "be brief", "max_output_tokens": 4}
+        code, _, answer = await post(running.proxy, "", path="/v1/responses", **body)
+        assert code == 200, answer
+        asked = fake_vllm.state.tokenize_bodies
+        assert [ask["messages"] for ask in asked] == [
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": LONG_TEXT}]
+        ]
+        assert asked[0]["add_special_tokens"] is True
+        assert await _recounts(running) == {"refused": 0, "served": 1, "unanswered": 0}
+    finally:
+        await running.app.stop()

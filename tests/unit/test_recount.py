@@ -34,7 +34,8 @@ COMPLETION = replace(CHAT, route="/v1/completions")
         (replace(CHAT, exact=False), True, (0,)),  # an estimate that says too long is asked too
         (replace(CHAT, route="/v1/chat/completions/batch", prompts=(5, 1100, 2000)), True, (1, 2)),
         (replace(COMPLETION, exact=False), False, (0,)),  # plain text needs no template
-        (replace(CHAT, route="/v1/responses"), True, ()),  # /tokenize takes no Responses input
+        (replace(CHAT, route="/v1/responses"), True, (0,)),  # asked as the chat the Responses route renders
+        (replace(CHAT, route="/v1/responses"), False, ()),
         (replace(CHAT, route="/v1/messages"), True, ()),
         (replace(CHAT, media_items=1), True, ()),  # vLLM would fetch and process the media again
         (replace(CHAT, truncate_prompt_tokens=-1), True, ()),  # vLLM truncates instead of refusing
@@ -155,3 +156,24 @@ def test_a_recount_keeps_the_token_ids_only_when_the_counts_agree() -> None:
     assert recounted(facts, {}).prompt_ids == facts.prompt_ids
     assert recounted(facts, {0: 1030}).prompt_ids == facts.prompt_ids
     assert recounted(facts, {0: 900}).prompt_ids is None
+
+
+def test_a_responses_prompt_is_asked_as_the_chat_its_route_renders() -> None:
+    """The items, tools and variables the Responses route builds, with special tokens, as it tokenizes."""
+    body = {
+        "model": "m", "instructions": "be brief", "reasoning": {"effort": "none"},
+        "input": [{"role": "user", "content": "q"},
+                  {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}],
+        "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}],
+    }  # fmt: skip
+    asks = tokenize_bodies("/v1/responses", body, EngineChat(), (0,))
+    assert asks == {0: {
+        "model": "m", "add_generation_prompt": True, "continue_final_message": False, "add_special_tokens": True,
+        "chat_template_kwargs": {"reasoning_effort": "none", "enable_thinking": False, "continue_final_message": False},
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+                     {"role": "assistant", "tool_calls": [
+                         {"id": "c", "function": {"name": "f", "arguments": "{}"}, "type": "function"}]}],
+    }}  # fmt: skip
+    for unseen in ({"previous_response_id": "r"}, {"input": [{"type": "web_search_call", "id": "w"}]}):
+        assert tokenize_bodies("/v1/responses", {**body, **unseen}, EngineChat(), (0,)) is None

@@ -146,3 +146,12 @@ def test_tools_become_the_chat_tools_vllm_renders(tools: Any, dumped: Any) -> No
 def test_tools_vllm_refuses_raise(tools: Any) -> None:
     with pytest.raises(ValueError, match=r"refuses|namespace"):
         chat_tools(tools)
+
+
+def test_the_request_stays_as_sent() -> None:
+    """Items merge into the message before them, never into the client's own objects."""
+    items = [USER, {"role": "assistant", "content": None}, CALL, THOUGHT]
+    sent = [dict(item) for item in items]
+    messages = chat_messages(items)
+    assert messages[1] == {"role": "assistant", "content": None, "tool_calls": [CALLED], "reasoning": "hm"}
+    assert items == sent
