@@ -86,46 +86,41 @@ def tokenize_bodies(
     """
     if route == COMPLETIONS_ROUTE:
         return _completion_asks(body, indexes)
-    if route == RESPONSES_ROUTE:
-        return _responses_asks(body, chat) if indexes == (0,) else None
-    conversations = body.get("messages") if route.endswith(BATCH_CHAT_SUFFIX) else [body.get("messages")]
+    conversations = _conversations(route, body)
     if not isinstance(conversations, list) or any(index >= len(conversations) for index in indexes):
         return None
     asked = {index: conversations[index] for index in indexes}
     if not all(isinstance(messages, list) for messages in asked.values()):
         return None
-    common = {key: body[key] for key in CHAT_FIELDS if body.get(key) is not None}
-    if variables := template_kwargs(as_rendered(route, body, chat.reasoning_effort_map)):  # null stays null
+    rendered = as_rendered(route, body, chat.reasoning_effort_map)  # the fields vLLM renders the prompt with
+    common = {key: rendered[key] for key in CHAT_FIELDS if rendered.get(key) is not None}
+    if variables := template_kwargs(rendered):  # a null stays null, as the chat route passes it
         common["chat_template_kwargs"] = variables
     excluded = chat.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none"
-    if body.get("tools") is not None and not excluded:
-        common["tools"] = body["tools"]
+    if rendered.get("tools") is not None and not excluded:
+        common["tools"] = rendered["tools"]
     return {index: {**common, "messages": [reasoning_renamed(m) for m in ms]} for index, ms in asked.items()}
 
 
-def _responses_asks(body: dict[str, Any], chat: EngineChat) -> dict[int, dict[str, Any]] | None:
-    """The Responses prompt as the chat ``/tokenize`` renders it.
+def _conversations(route: str, body: dict[str, Any]) -> Any:
+    """Each prompt's messages: the batch route's several, a chat's one, a Responses request's as built.
 
-    The messages, tools and variables the Responses route builds (:mod:`sidecar.admission.responses_input`),
-    tokenized with special tokens as that route tokenizes them.
+    A Responses request's messages are the ones its route builds (:mod:`sidecar.admission.responses_input`);
+    ``None`` where they are not known.
     """
+    if route != RESPONSES_ROUTE:
+        return body.get("messages") if route.endswith(BATCH_CHAT_SUFFIX) else [body.get("messages")]
     items = body.get("input")
-    stored = body.get("previous_response_id") or body.get("previous_input_messages")
-    if not isinstance(items, str | list) or stored:
+    if (
+        not isinstance(items, str | list)
+        or body.get("previous_response_id")
+        or body.get("previous_input_messages")
+    ):
         return None  # a stored conversation vLLM prepends is not in the body: no count of the whole
-    rendered = as_rendered(RESPONSES_ROUTE, body, chat.reasoning_effort_map)
-    asked = [{"role": "user", "content": items}] if isinstance(items, str) else items
-    messages, known = responses_prompt(body, asked)
-    if not known:
-        return None
-    fields = ("model", "add_generation_prompt", "continue_final_message", "add_special_tokens")
-    ask: dict[str, Any] = {key: rendered[key] for key in fields if rendered.get(key) is not None}
-    if variables := template_kwargs(rendered):
-        ask["chat_template_kwargs"] = variables
-    excluded = chat.exclude_tools_when_tool_choice_none and body.get("tool_choice") == "none"
-    if rendered.get("tools") is not None and not excluded:
-        ask["tools"] = rendered["tools"]
-    return {0: {**ask, "messages": [reasoning_renamed(m) for m in messages]}}
+    messages, known = responses_prompt(
+        body, [{"role": "user", "content": items}] if isinstance(items, str) else items
+    )
+    return [messages] if known else None
 
 
 def _completion_asks(body: dict[str, Any], indexes: tuple[int, ...]) -> dict[int, dict[str, Any]] | None:
